@@ -1,0 +1,62 @@
+"""django-jobs: background jobs in your own database, for Django's task framework."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django.tasks import Task, TaskResult
+
+__all__ = ["Exponential", "bulk_enqueue", "enqueue_on_commit", "task"]
+
+
+def task(*args: Any, **kwargs: Any) -> Any:
+    """``@task`` with this backend's options, on Django 6.0 and 6.1 alike."""
+    from .task import task as _task
+
+    return _task(*args, **kwargs)
+
+
+def bulk_enqueue(calls: Any, *, backend: str | None = None) -> list[TaskResult]:
+    """Enqueue ``[(task, args, kwargs), ...]`` in one transaction and a few queries.
+
+    Every task must use the same backend (``backend`` defaults to the first task's).
+    """
+    from django.tasks import task_backends
+
+    calls = list(calls)
+    if not calls:
+        return []
+    alias = backend or calls[0][0].backend
+    if any(call[0].backend != alias for call in calls):
+        raise ValueError("bulk_enqueue() takes tasks of one backend at a time")
+    target = task_backends[alias]
+    if not hasattr(target, "bulk_enqueue"):
+        raise TypeError(f"Task backend {alias!r} is not a django-jobs backend")
+    return target.bulk_enqueue(calls)
+
+
+def enqueue_on_commit(
+    task: Task, *args: Any, using: str | None = None, **kwargs: Any
+) -> None:
+    """Enqueue once the transaction on database ``using`` commits; nothing if it rolls back.
+
+    ``using`` is the alias whose transaction guards the data the job needs (by
+    default the jobs database). When the jobs share that database, a plain
+    ``enqueue()`` inside the ``atomic()`` block is already all-or-nothing.
+    """
+    from django.db import transaction
+
+    from .conf import database_alias
+
+    transaction.on_commit(
+        lambda: task.enqueue(*args, **kwargs), using=using or database_alias()
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Exponential":
+        from .backoff import Exponential
+
+        return Exponential
+    raise AttributeError(name)

@@ -1,0 +1,172 @@
+"""Admission: turning a waiting job into a ready one, through its key's semaphore.
+
+Every path that makes a job runnable (enqueue, bulk enqueue, promotion of a due
+scheduled job, retry, hand-back at shutdown) calls :func:`admit_jobs`, and
+every path that ends a holder's claim calls :func:`release_slot`, always inside
+the caller's transaction. The semaphore row of a key is locked with
+``select_for_update()`` before it is read, so an enqueue that decides to block
+and a finish that looks for blocked jobs can never miss each other (the race of
+Solid Queue #456): whichever locks second sees the other's committed rows.
+
+Lock order (DESIGN.md section 4): a claimed row, then one semaphore at a time
+in ascending key order, then the ready/blocked rows of that key.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from django.utils import timezone
+
+from .models import BlockedExecution, ClaimedExecution, Job, JobStatus, ReadyExecution, Semaphore
+
+
+def admit_jobs(db: str, jobs: Iterable[Job]) -> None:
+    """Make ``jobs`` (saved, with no execution row) ready, or blocked if their key is full.
+
+    Must run inside ``transaction.atomic(using=db)``. Updates ``status`` on the
+    passed objects and in the database.
+    """
+    keyless: list[Job] = []
+    by_key: dict[str, list[Job]] = defaultdict(list)
+    for job in jobs:
+        if job.concurrency_key:
+            by_key[job.concurrency_key].append(job)
+        else:
+            keyless.append(job)
+    if keyless:
+        make_ready(db, keyless)
+    for key in sorted(by_key):
+        admit_to_key(db, key, by_key[key])
+
+
+def make_ready(db: str, jobs: list[Job]) -> None:
+    now = timezone.now()
+    ReadyExecution.objects.using(db).bulk_create(
+        [
+            ReadyExecution(
+                job_id=job.pk,
+                queue_name=job.queue_name,
+                priority=job.priority,
+                concurrency_key=job.concurrency_key,
+                created_at=now,
+            )
+            for job in jobs
+        ]
+    )
+    set_status(db, jobs, JobStatus.READY)
+
+
+def set_status(db: str, jobs: list[Job], status: JobStatus) -> None:
+    changed = [job.pk for job in jobs if job.status != status]
+    if changed:
+        Job.objects.using(db).filter(pk__in=changed).update(status=status)
+    for job in jobs:
+        job.status = status
+
+
+def lock_semaphore(db: str, key: str, limit: int) -> Semaphore:
+    """Lock (creating on first use, conflict-safely) the semaphore row of ``key``."""
+    semaphores = Semaphore.objects.using(db).select_for_update()
+    semaphore = semaphores.filter(key=key).first()
+    if semaphore is None:
+        Semaphore.objects.using(db).bulk_create(
+            [Semaphore(key=key, limit=limit, value=limit)], ignore_conflicts=True
+        )
+        semaphore = semaphores.get(key=key)
+    return semaphore
+
+
+def admit_to_key(db: str, key: str, jobs: list[Job]) -> None:
+    limit = max(job.concurrency_limit or 1 for job in jobs)
+    semaphore = lock_semaphore(db, key, limit)
+    if semaphore.limit != limit:
+        # The newest declaration wins; free slots move by the same amount.
+        semaphore.value += limit - semaphore.limit
+        semaphore.limit = limit
+    jobs = sorted(jobs, key=lambda j: (-j.priority, j.pk))
+    free = max(0, semaphore.value)
+    admitted, blocked = jobs[:free], jobs[free:]
+    semaphore.value -= len(admitted)
+    semaphore.updated_at = timezone.now()
+    semaphore.save(using=db, update_fields=["limit", "value", "updated_at"])
+    if admitted:
+        make_ready(db, admitted)
+    if blocked:
+        BlockedExecution.objects.using(db).bulk_create(
+            [
+                BlockedExecution(
+                    job_id=job.pk,
+                    queue_name=job.queue_name,
+                    priority=job.priority,
+                    concurrency_key=key,
+                )
+                for job in blocked
+            ]
+        )
+        set_status(db, blocked, JobStatus.BLOCKED)
+
+
+def release_slot(db: str, key: str) -> int:
+    """Give back one slot of ``key`` and promote blocked jobs into the free slots.
+
+    The caller has already deleted the holder's claimed row in this
+    transaction. The free count never rises above the limit, however many
+    times a holder is (wrongly) released. Returns the number promoted.
+    """
+    semaphore = Semaphore.objects.using(db).select_for_update().filter(key=key).first()
+    if semaphore is None:
+        return 0
+    semaphore.value = min(semaphore.limit, semaphore.value + 1)
+    return promote_blocked(db, semaphore)
+
+
+def reconcile_key(db: str, key: str) -> int:
+    """Recount ``key``'s holders under its lock, repair drift, promote what fits."""
+    semaphore = Semaphore.objects.using(db).select_for_update().filter(key=key).first()
+    if semaphore is None:
+        return 0
+    semaphore.value = semaphore.limit - count_holders(db, key)
+    return promote_blocked(db, semaphore)
+
+
+def count_holders(db: str, key: str) -> int:
+    ready = ReadyExecution.objects.using(db).filter(concurrency_key=key).count()
+    claimed = ClaimedExecution.objects.using(db).filter(concurrency_key=key).count()
+    return ready + claimed
+
+
+def promote_blocked(db: str, semaphore: Semaphore) -> int:
+    promoted: list[Job] = []
+    if semaphore.value > 0:
+        next_ids = list(
+            BlockedExecution.objects.using(db)
+            .filter(concurrency_key=semaphore.key)
+            .order_by("-priority", "job_id")
+            .values_list("job_id", flat=True)[: semaphore.value]
+        )
+        if next_ids:
+            BlockedExecution.objects.using(db).filter(job_id__in=next_ids).delete()
+            promoted = list(Job.objects.using(db).filter(pk__in=next_ids))
+            make_ready(db, promoted)
+            semaphore.value -= len(promoted)
+    semaphore.updated_at = timezone.now()
+    Semaphore.objects.using(db).filter(pk=semaphore.pk).update(
+        value=semaphore.value, updated_at=semaphore.updated_at
+    )
+    return len(promoted)
+
+
+def hand_back_to_key(db: str, key: str, job: Job) -> None:
+    """Free ``job``'s slot and let it compete again, in priority order, with the blocked jobs."""
+    semaphore = Semaphore.objects.using(db).select_for_update().filter(key=key).first()
+    if semaphore is None:
+        admit_jobs(db, [job])
+        return
+    semaphore.value = min(semaphore.limit, semaphore.value + 1)
+    BlockedExecution.objects.using(db).create(
+        job_id=job.pk, queue_name=job.queue_name, priority=job.priority, concurrency_key=key
+    )
+    set_status(db, [job], JobStatus.BLOCKED)
+    promote_blocked(db, semaphore)

@@ -1,0 +1,252 @@
+"""Every transition of a claimed job: claim, start, finish, fail, hand back, recover.
+
+Each transition that ends a claim runs in one transaction that first locks the
+claimed row *of this process* and returns at once if it is gone: a job is
+finalised exactly once, whoever races for it (a worker finishing late after a
+false prune, two dispatchers recovering the same dead process). The slot of the
+job's concurrency key is freed in that same transaction, so a crash anywhere
+rolls everything back and leaves the claim for recovery (DESIGN.md section 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from .admission import admit_jobs, hand_back_to_key, make_ready, release_slot
+from .backoff import retry_delay
+from .models import (
+    ClaimedExecution,
+    FailedExecution,
+    Job,
+    JobStatus,
+    Pause,
+    ReadyExecution,
+    ScheduledExecution,
+)
+from .queues import QueueSelector
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    exception_class_path: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    retry_at: object | None  # datetime of the next attempt, or None if failed for good
+
+    @property
+    def will_retry(self) -> bool:
+        return self.retry_at is not None
+
+
+def claim_jobs(db: str, process_id: int, selector: QueueSelector, limit: int) -> list[Job]:
+    """Take up to ``limit`` ready jobs, skipping rows other claimers hold locked."""
+    if limit <= 0:
+        return []
+    with transaction.atomic(using=db):
+        paused = list(Pause.objects.using(db).values_list("queue_name", flat=True))
+        picked: list[tuple[int, str | None]] = []
+        for condition in selector.conditions():
+            wanted = limit - len(picked)
+            if wanted <= 0:
+                break
+            rows = ReadyExecution.objects.using(db).select_for_update(skip_locked=True)
+            rows = rows.filter(condition)
+            if paused:
+                rows = rows.exclude(queue_name__in=paused)
+            if picked:
+                # Rows this transaction already locked are not skipped: exclude them.
+                rows = rows.exclude(job_id__in=[job_id for job_id, _ in picked])
+            picked.extend(
+                rows.order_by("-priority", "job_id").values_list("job_id", "concurrency_key")[
+                    :wanted
+                ]
+            )
+        if not picked:
+            return []
+        ids = [job_id for job_id, _ in picked]
+        now = timezone.now()
+        ClaimedExecution.objects.using(db).bulk_create(
+            [
+                ClaimedExecution(
+                    job_id=job_id, process_id=process_id, concurrency_key=key, created_at=now
+                )
+                for job_id, key in picked
+            ]
+        )
+        ReadyExecution.objects.using(db).filter(job_id__in=ids).delete()
+        Job.objects.using(db).filter(pk__in=ids).update(status=JobStatus.CLAIMED)
+        jobs = {job.pk: job for job in Job.objects.using(db).filter(pk__in=ids)}
+    return [jobs[job_id] for job_id in ids]
+
+
+def lock_own_claim(db: str, job_id: int, process_id: int) -> ClaimedExecution | None:
+    return (
+        ClaimedExecution.objects.using(db)
+        .select_for_update()
+        .filter(job_id=job_id, process_id=process_id)
+        .first()
+    )
+
+
+def start_job(db: str, job: Job, process_id: int, worker_id: str) -> bool:
+    """Count the attempt, just before the function runs; False if the claim was lost.
+
+    Counting here and nowhere else is what keeps ``attempts`` honest: a job
+    claimed and handed back, blocked or recovered before this point has cost
+    nothing (pg-boss #759).
+    """
+    with transaction.atomic(using=db):
+        if lock_own_claim(db, job.pk, process_id) is None:
+            return False
+        now = timezone.now()
+        worker_ids = [*job.worker_ids, worker_id]
+        Job.objects.using(db).filter(pk=job.pk).update(
+            status=JobStatus.RUNNING,
+            attempts=len(worker_ids),
+            worker_ids=worker_ids,
+            started_at=job.started_at or now,
+            last_attempted_at=now,
+        )
+    job.status = JobStatus.RUNNING
+    job.attempts = len(worker_ids)
+    job.worker_ids = worker_ids
+    job.started_at = job.started_at or now
+    job.last_attempted_at = now
+    return True
+
+
+def finish_job(db: str, job_id: int, process_id: int, return_value: object) -> bool:
+    """Record success; False (and nothing written) if this process no longer holds the job."""
+    with transaction.atomic(using=db):
+        claim = lock_own_claim(db, job_id, process_id)
+        if claim is None:
+            return False
+        claim.delete(using=db)
+        Job.objects.using(db).filter(pk=job_id).update(
+            status=JobStatus.SUCCEEDED, return_value=return_value, finished_at=timezone.now()
+        )
+        if claim.concurrency_key:
+            release_slot(db, claim.concurrency_key)
+    return True
+
+
+def fail_job(
+    db: str,
+    job_id: int,
+    process_id: int,
+    error: ErrorInfo,
+    *,
+    worker_id: str = "",
+    retry: bool = True,
+) -> FailOutcome | None:
+    """Record a failed attempt; retry after the backoff while attempts remain.
+
+    Returns None if this process no longer holds the job.
+    """
+    with transaction.atomic(using=db):
+        claim = lock_own_claim(db, job_id, process_id)
+        if claim is None:
+            return None
+        return fail_claimed(db, claim, error, worker_id=worker_id, retry=retry)
+
+
+def fail_claimed(
+    db: str, claim: ClaimedExecution, error: ErrorInfo, *, worker_id: str, retry: bool
+) -> FailOutcome:
+    """The body of :func:`fail_job`; the caller holds the lock on ``claim``."""
+    job = Job.objects.using(db).get(pk=claim.job_id)
+    now = timezone.now()
+    FailedExecution.objects.using(db).create(
+        job_id=job.pk,
+        attempt=job.attempts,
+        worker_id=worker_id,
+        exception_class_path=error.exception_class_path[:255],
+        message=error.message,
+        traceback=error.traceback,
+        failed_at=now,
+    )
+    claim.delete(using=db)
+    retry_at = None
+    if retry and job.attempts < job.max_attempts:
+        retry_at = now + timedelta(seconds=retry_delay(job.backoff, job.attempts))
+    if retry_at is None:
+        Job.objects.using(db).filter(pk=job.pk).update(status=JobStatus.FAILED, finished_at=now)
+    elif retry_at > now:
+        ScheduledExecution.objects.using(db).create(
+            job_id=job.pk, queue_name=job.queue_name, priority=job.priority, scheduled_at=retry_at
+        )
+        Job.objects.using(db).filter(pk=job.pk).update(status=JobStatus.SCHEDULED)
+    if claim.concurrency_key:
+        release_slot(db, claim.concurrency_key)
+    if retry_at is not None and retry_at <= now:
+        # Due at once: through admission, after the slot was given back.
+        job.status = JobStatus.SCHEDULED
+        admit_jobs(db, [job])
+    return FailOutcome(retry_at=retry_at)
+
+
+def release_job(db: str, job_id: int, process_id: int) -> bool:
+    """Hand back a claimed job whose function never started; it costs no attempt.
+
+    With a concurrency key the job goes back through the limit (its slot is
+    freed and it competes for it again with the blocked jobs), never around it
+    (Solid Queue PR #689 items 3 and 6).
+    """
+    with transaction.atomic(using=db):
+        claim = lock_own_claim(db, job_id, process_id)
+        if claim is None:
+            return False
+        release_claimed(db, claim)
+    return True
+
+
+def release_claimed(db: str, claim: ClaimedExecution) -> None:
+    claim.delete(using=db)
+    job = Job.objects.using(db).get(pk=claim.job_id)
+    if claim.concurrency_key:
+        hand_back_to_key(db, claim.concurrency_key, job)
+    else:
+        make_ready(db, [job])
+
+
+def recover_claim(db: str, job_id: int, process_id: int, reason: str) -> str | None:
+    """Settle one claim of a dead process: hand back if never started, else fail it.
+
+    The job's status is read under the claim's lock, so a falsely pruned worker
+    that starts the job at the same moment is seen either before (running: a
+    failed attempt) or after (the claim is gone: nothing to do).
+    """
+    with transaction.atomic(using=db):
+        claim = lock_own_claim(db, job_id, process_id)
+        if claim is None:
+            return None
+        status = Job.objects.using(db).filter(pk=job_id).values_list("status", flat=True).get()
+        if status == JobStatus.RUNNING:
+            error = ErrorInfo("django_jobs.exceptions.ProcessDied", reason, reason)
+            outcome = fail_claimed(db, claim, error, worker_id="", retry=True)
+            return "retried" if outcome.will_retry else "failed"
+        release_claimed(db, claim)
+        return "released"
+
+
+def recover_process_claims(db: str, process_id: int, reason: str) -> dict[int, str]:
+    """Recover every claim of ``process_id``; each exactly once, whoever else tries."""
+    outcomes: dict[int, str] = {}
+    job_ids = list(
+        ClaimedExecution.objects.using(db)
+        .filter(process_id=process_id)
+        .values_list("job_id", flat=True)
+    )
+    for job_id in job_ids:
+        outcome = recover_claim(db, job_id, process_id, reason)
+        if outcome:
+            outcomes[job_id] = outcome
+    return outcomes

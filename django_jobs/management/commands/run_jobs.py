@@ -1,0 +1,88 @@
+"""``manage.py run_jobs``: run the supervisor, or a single process with ``--single-process``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_jobs.conf import JobsSettings
+from django_jobs.runner.lifecycle import Lifecycle
+from django_jobs.runner.logs import configure_logging
+from django_jobs.runner.single import run_single_process
+from django_jobs.runner.supervisor import Supervisor, prune_stale
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+def positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = "Run background jobs: a supervisor with worker processes and a dispatcher."
+    requires_system_checks = "__all__"
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--queues",
+            help="Comma-separated queues in the order to serve them; '*' and 'prefix*' "
+            "wildcards. Default: DJANGO_JOBS['queues'] or '*'.",
+        )
+        parser.add_argument("--processes", type=positive_int, help="Worker processes.")
+        parser.add_argument("--threads", type=positive_int, help="Threads per worker process.")
+        parser.add_argument(
+            "--polling-interval", type=positive_float, help="Seconds between polls when idle."
+        )
+        parser.add_argument(
+            "--batch-size", type=positive_int, help="Most jobs claimed in one query."
+        )
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=positive_float,
+            help="Seconds running jobs get to finish after SIGTERM.",
+        )
+        parser.add_argument(
+            "--single-process",
+            action="store_true",
+            default=None,
+            help="Run worker threads and the dispatcher in this one process.",
+        )
+        parser.add_argument(
+            "--once",
+            action="store_true",
+            help="Run what is ready (and due) in one process, then exit.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        overrides = {
+            "queues": options["queues"],
+            "processes": options["processes"],
+            "threads": options["threads"],
+            "polling_interval": options["polling_interval"],
+            "batch_size": options["batch_size"],
+            "shutdown_timeout": options["shutdown_timeout"],
+            "single_process": options["single_process"],
+        }
+        overrides = {key: value for key, value in overrides.items() if value is not None}
+        try:
+            conf = JobsSettings.load(**overrides)
+        except (TypeError, ValueError) as exc:
+            raise CommandError(f"Invalid DJANGO_JOBS settings: {exc}") from exc
+        verbosity = options["verbosity"]
+        configure_logging(verbosity)
+        lifecycle = Lifecycle()
+        lifecycle.install_signal_handlers()
+        prune_stale(conf)
+        if options["once"] or conf.single_process:
+            run_single_process(conf, lifecycle, once=options["once"])
+        else:
+            Supervisor(conf, lifecycle, overrides, verbosity).run()

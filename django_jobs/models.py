@@ -1,0 +1,227 @@
+"""Tables: one durable ``Job`` row, and one execution row per state it can be in.
+
+A job's state is *which execution row exists* (ready, scheduled, blocked,
+claimed); ``Job.status`` mirrors it and is only ever written in the same
+transaction that moves the execution row, so the two never disagree. Workers
+poll only ``ReadyExecution``, which stays small however many finished jobs the
+``Job`` table keeps.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.tasks import TaskResultStatus
+from django.utils import timezone
+
+
+class JobStatus(models.TextChoices):
+    SCHEDULED = "scheduled", "Scheduled"
+    READY = "ready", "Ready"
+    BLOCKED = "blocked", "Blocked"
+    CLAIMED = "claimed", "Claimed"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    DISCARDED = "discarded", "Discarded"
+
+
+WAITING_STATUSES = (JobStatus.SCHEDULED, JobStatus.READY, JobStatus.BLOCKED)
+FINISHED_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DISCARDED)
+
+TASK_RESULT_STATUS = {
+    JobStatus.SCHEDULED: TaskResultStatus.READY,
+    JobStatus.READY: TaskResultStatus.READY,
+    JobStatus.BLOCKED: TaskResultStatus.READY,
+    # Claimed but not yet started: the function has not run, so not RUNNING.
+    JobStatus.CLAIMED: TaskResultStatus.READY,
+    JobStatus.RUNNING: TaskResultStatus.RUNNING,
+    JobStatus.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
+    JobStatus.FAILED: TaskResultStatus.FAILED,
+    JobStatus.DISCARDED: TaskResultStatus.FAILED,
+}
+
+
+class Job(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    backend = models.CharField(max_length=64, default="default")
+    task_path = models.CharField(max_length=255, db_index=True)
+    queue_name = models.CharField(max_length=128)
+    priority = models.SmallIntegerField(default=0)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.READY)
+
+    run_after = models.DateTimeField(null=True, blank=True)
+    enqueued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=1)
+    backoff = models.JSONField(null=True, blank=True)
+    worker_ids = models.JSONField(default=list)
+    return_value = models.JSONField(null=True, blank=True)
+
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True, db_index=True)
+    concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["status", "finished_at"], name="jobs_job_status_finished"),
+            models.Index(fields=["queue_name", "status"], name="jobs_job_queue_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} #{self.pk}"
+
+    @property
+    def task_result_status(self) -> TaskResultStatus:
+        return TASK_RESULT_STATUS[JobStatus(self.status)]
+
+
+class ReadyExecution(models.Model):
+    """A job that may run now; the one table workers poll."""
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="ready_execution"
+    )
+    queue_name = models.CharField(max_length=128)
+    priority = models.SmallIntegerField(default=0)
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["queue_name", "-priority", "job"], name="jobs_ready_poll"),
+            models.Index(fields=["concurrency_key"], name="jobs_ready_key"),
+        ]
+
+
+class ScheduledExecution(models.Model):
+    """A job due later: a ``run_after`` in the future or a retry's backoff."""
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="scheduled_execution"
+    )
+    queue_name = models.CharField(max_length=128)
+    priority = models.SmallIntegerField(default=0)
+    scheduled_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["scheduled_at", "-priority", "job"], name="jobs_scheduled_due"),
+        ]
+
+
+class BlockedExecution(models.Model):
+    """A job waiting for a slot of its concurrency key."""
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="blocked_execution"
+    )
+    queue_name = models.CharField(max_length=128)
+    priority = models.SmallIntegerField(default=0)
+    concurrency_key = models.CharField(max_length=255)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["concurrency_key", "-priority", "job"], name="jobs_blocked_next"
+            ),
+        ]
+
+
+class Process(models.Model):
+    """A live ``run_jobs`` process; dead once its heartbeat is older than the threshold."""
+
+    class Kind(models.TextChoices):
+        SUPERVISOR = "supervisor", "Supervisor"
+        WORKER = "worker", "Worker"
+        DISPATCHER = "dispatcher", "Dispatcher"
+
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    name = models.CharField(max_length=128, unique=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    supervisor = models.ForeignKey(
+        "self",
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        null=True,
+        blank=True,
+        related_name="children",
+    )
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        verbose_name_plural = "processes"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ClaimedExecution(models.Model):
+    """A job a worker process holds; the row whose deletion finalises the job exactly once."""
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="claimed_execution"
+    )
+    # No database constraint: a pruned process row must never cascade away its claims,
+    # which recovery still has to handle one by one.
+    process = models.ForeignKey(
+        Process,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        null=True,
+        related_name="claims",
+    )
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["concurrency_key"], name="jobs_claimed_key")]
+
+
+class FailedExecution(models.Model):
+    """One failed attempt of a job, with the error it raised."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="failures")
+    attempt = models.PositiveIntegerField()
+    worker_id = models.CharField(max_length=128, blank=True)
+    exception_class_path = models.CharField(max_length=255)
+    message = models.TextField(blank=True)
+    traceback = models.TextField(blank=True)
+    failed_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "attempt"], name="jobs_failed_job_attempt")]
+
+
+class Semaphore(models.Model):
+    """The lock row of one concurrency key; ``value`` is the number of free slots."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=255, unique=True)
+    limit = models.PositiveIntegerField(default=1)
+    value = models.IntegerField(default=1)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.value}/{self.limit} free)"
+
+
+class Pause(models.Model):
+    queue_name = models.CharField(max_length=128, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.queue_name

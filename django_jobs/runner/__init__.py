@@ -1,0 +1,1 @@
+"""The ``run_jobs`` runtime: supervisor, worker and dispatcher loops."""

@@ -1,0 +1,141 @@
+"""Running one claimed job in a worker thread, and recording its outcome exactly once."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+
+from django.db import close_old_connections
+from django.tasks import TaskContext, TaskResultStatus
+from django.tasks.signals import task_finished, task_started
+
+from ..claims import ErrorInfo, fail_job, finish_job, release_job, start_job
+from ..exceptions import TaskNotFound
+from ..loading import load_task
+from ..models import Job
+from ..results import build_result
+from ..serialization import json_return_value
+from .db_retry import retry_until_done
+from .lifecycle import Lifecycle
+
+logger = logging.getLogger("django_jobs.worker")
+
+
+@dataclass
+class ExecutionContext:
+    db: str
+    process_id: int
+    worker_id: str
+    lifecycle: Lifecycle
+    db_retry_max_delay: float
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    kind = type(exc)
+    return ErrorInfo(
+        exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+        message=str(exc)[:2000],
+        traceback="".join(traceback.format_exception(exc)),
+    )
+
+
+def describe(job: Job) -> str:
+    return f"task={job.task_path} job={job.pk} attempt={job.attempts}"
+
+
+def execute_job(job: Job, ctx: ExecutionContext) -> None:
+    """Start, run and finalise ``job``; never raises, whatever the task does."""
+    close_old_connections()
+    try:
+        run_claimed_job(job, ctx)
+    except Exception:
+        logger.exception("internal error while running job %s", job.pk)
+    finally:
+        close_old_connections()
+
+
+def persist(ctx: ExecutionContext, what: str, action):
+    # Keep trying through a database outage until an immediate stop: the job
+    # ran, and losing its outcome would make recovery run it again.
+    return retry_until_done(
+        ctx.db,
+        what,
+        action,
+        give_up=ctx.lifecycle.immediate.is_set,
+        max_delay=ctx.db_retry_max_delay,
+    )
+
+
+def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
+    try:
+        task = load_task(job.task_path)
+    except TaskNotFound as exc:
+        logger.error("job failed %s error=%s (not retried)", describe(job), exc)
+        persist(
+            ctx,
+            f"failing job {job.pk}",
+            lambda: fail_job(
+                ctx.db, job.pk, ctx.process_id, error_info(exc), worker_id=ctx.worker_id, retry=False
+            ),
+        )
+        return
+
+    if ctx.lifecycle.stopping.is_set():
+        persist(ctx, f"handing back job {job.pk}", lambda: release_job(ctx.db, job.pk, ctx.process_id))
+        logger.info("job handed back %s (shutting down before it started)", describe(job))
+        return
+
+    started = persist(
+        ctx, f"starting job {job.pk}", lambda: start_job(ctx.db, job, ctx.process_id, ctx.worker_id)
+    )
+    if not started:
+        logger.warning("job %s: claim lost before start (process pruned?); not running it", job.pk)
+        return
+
+    result = build_result(job)
+    task_started.send(type(task.get_backend()), task_result=result)
+    logger.info("job started %s", describe(job))
+    began = time.monotonic()
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
+        else:
+            value = task.call(*job.args, **job.kwargs)
+        value = json_return_value(value)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt must not kill the worker
+        duration = time.monotonic() - began
+        outcome = persist(
+            ctx,
+            f"failing job {job.pk}",
+            lambda: fail_job(ctx.db, job.pk, ctx.process_id, error_info(exc), worker_id=ctx.worker_id),
+        )
+        if outcome is None:
+            logger.warning("job %s failed but its claim was already settled elsewhere", job.pk)
+            return
+        retry = f" retry_at={outcome.retry_at.isoformat()}" if outcome.will_retry else " (no retries left)"
+        logger.error(
+            "job failed %s duration=%.3fs error=%s: %s%s",
+            describe(job),
+            duration,
+            type(exc).__name__,
+            exc,
+            retry,
+        )
+        status = TaskResultStatus.READY if outcome.will_retry else TaskResultStatus.FAILED
+        object.__setattr__(result, "status", status)
+        task_finished.send(type(task.get_backend()), task_result=result)
+        return
+
+    duration = time.monotonic() - began
+    finished = persist(
+        ctx, f"finishing job {job.pk}", lambda: finish_job(ctx.db, job.pk, ctx.process_id, value)
+    )
+    if not finished:
+        logger.warning("job %s finished but its claim was already settled elsewhere", job.pk)
+        return
+    logger.info("job finished %s duration=%.3fs", describe(job), duration)
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "_return_value", value)
+    task_finished.send(type(task.get_backend()), task_result=result)

@@ -1,0 +1,247 @@
+"""The supervisor: starts worker and dispatcher processes, replaces the ones that die.
+
+Children are fresh interpreters (``multiprocessing`` spawn), never forks of a
+process holding database connections or threads. Each child moves to its own
+process group, so a Ctrl-C in the terminal reaches only the supervisor, which
+then asks each child once: two signals would mean "immediate" to a child.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any
+
+from ..conf import JobsSettings
+from ..models import Process
+from ..processes import deregister_process, prune_dead_processes, register_process
+from .db_retry import DB_ERRORS, reset_connection, retry_until_done
+from .dispatcher import Dispatcher
+from .heartbeat import Heartbeat
+from .lifecycle import Lifecycle
+from .logs import configure_logging
+from .worker import Worker
+
+logger = logging.getLogger("django_jobs.supervisor")
+
+RESTART_DELAY = 1.0
+
+
+def process_metadata(conf: JobsSettings) -> dict[str, Any]:
+    return {"queues": list(conf.queues), "threads": conf.threads}
+
+
+def run_role(kind: str, conf: JobsSettings, lifecycle: Lifecycle, supervisor_id: int | None) -> None:
+    """Register as ``kind``, run its loop until stopped, then deregister."""
+    db = conf.database
+    process = retry_until_done(
+        db,
+        f"registering the {kind}",
+        lambda: register_process(db, kind, supervisor_id=supervisor_id, metadata=process_metadata(conf)),
+        give_up=lifecycle.stopping.is_set,
+        max_delay=conf.db_retry_max_delay,
+    )
+    if process is None:
+        return
+    beat = Heartbeat(db, process.pk, conf.heartbeat_interval, lifecycle)
+    beat.start()
+    logger.info("%s started: %s queues=%s threads=%d", kind, process.name, ",".join(conf.queues), conf.threads)
+    try:
+        if kind == Process.Kind.WORKER:
+            Worker(conf, process.pk, process.name, lifecycle).run()
+        else:
+            Dispatcher(conf, lifecycle).run()
+    finally:
+        beat.stop()
+        if not lifecycle.immediate.is_set():
+            retry_until_done(
+                db,
+                f"deregistering the {kind}",
+                lambda: deregister_process(db, process.pk, f"{process.name} stopped"),
+                give_up=lifecycle.immediate.is_set,
+                max_delay=conf.db_retry_max_delay,
+            )
+            logger.info("%s stopped: %s", kind, process.name)
+
+
+def child_main(kind: str, overrides: dict[str, Any], supervisor_id: int, verbosity: int) -> None:
+    """Entry point of a spawned child process."""
+    import django
+
+    os.setpgrp()
+    django.setup()
+    configure_logging(verbosity)
+    conf = JobsSettings.load(**overrides)
+    lifecycle = Lifecycle()
+    lifecycle.on_immediate = lambda: os._exit(1)
+    lifecycle.install_signal_handlers()
+    parent = os.getppid()
+
+    def watch_parent() -> None:
+        while not lifecycle.stopping.wait(1.0):
+            if os.getppid() != parent:
+                lifecycle.request_stop("supervisor is gone")
+
+    threading.Thread(target=watch_parent, daemon=True, name="django-jobs-parent-watch").start()
+    try:
+        run_role(kind, conf, lifecycle, supervisor_id)
+    finally:
+        logging.shutdown()
+        # Threads of jobs cut off at the shutdown timeout must not keep us alive.
+        os._exit(0)
+
+
+@dataclass
+class Child:
+    kind: str
+    slot: int
+    process: Any = None
+    started_at: float = 0.0
+    restarts: int = field(default=0)
+
+
+class Supervisor:
+    def __init__(self, conf: JobsSettings, lifecycle: Lifecycle, overrides: dict[str, Any], verbosity: int) -> None:
+        self.conf = conf
+        self.db = conf.database
+        self.lifecycle = lifecycle
+        self.overrides = overrides
+        self.verbosity = verbosity
+        self.context = multiprocessing.get_context("spawn")
+        self.children = [Child(Process.Kind.WORKER, i) for i in range(conf.processes)]
+        self.children.append(Child(Process.Kind.DISPATCHER, 0))
+        self.process_id: int | None = None
+
+    def run(self) -> None:
+        process = retry_until_done(
+            self.db,
+            "registering the supervisor",
+            lambda: register_process(self.db, Process.Kind.SUPERVISOR, metadata=process_metadata(self.conf)),
+            give_up=self.lifecycle.stopping.is_set,
+            max_delay=self.conf.db_retry_max_delay,
+        )
+        if process is None:
+            return
+        self.process_id = process.pk
+        beat = Heartbeat(self.db, process.pk, self.conf.heartbeat_interval, self.lifecycle)
+        beat.start()
+        logger.info(
+            "supervisor started: %s, %d worker process(es) x %d thread(s) + dispatcher",
+            process.name,
+            self.conf.processes,
+            self.conf.threads,
+        )
+        try:
+            for child in self.children:
+                self.start(child)
+            self.monitor()
+        finally:
+            beat.stop()
+            self.stop_children()
+            self.settle(process.pk, f"supervisor {process.name} stopped")
+            logger.info("supervisor stopped")
+
+    def start(self, child: Child) -> None:
+        child.process = self.context.Process(
+            target=child_main,
+            args=(child.kind, self.overrides, self.process_id, self.verbosity),
+            name=f"django-jobs-{child.kind}-{child.slot}",
+            daemon=False,
+        )
+        child.process.start()
+        child.started_at = time.monotonic()
+
+    def monitor(self) -> None:
+        while not self.lifecycle.stopping.is_set():
+            sentinels = {child.process.sentinel: child for child in self.children}
+            ready = wait(list(sentinels), timeout=1.0)
+            if self.lifecycle.stopping.is_set():
+                return
+            for sentinel in ready:
+                child = sentinels[sentinel]
+                self.replace(child)
+            self.lifecycle.wake.clear()
+
+    def replace(self, child: Child) -> None:
+        pid, code = child.process.pid, child.process.exitcode
+        child.process.join(0)
+        logger.error("%s process %s exited unexpectedly (code %s); replacing it", child.kind, pid, code)
+        self.recover_child(pid, f"{child.kind} process {pid} exited with code {code}")
+        if time.monotonic() - child.started_at < RESTART_DELAY * 5:
+            self.lifecycle.stopping.wait(RESTART_DELAY)
+        if not self.lifecycle.stopping.is_set():
+            child.restarts += 1
+            self.start(child)
+
+    def recover_child(self, pid: int | None, reason: str) -> None:
+        """Settle the claims of a child that is gone, without waiting for its heartbeat to age."""
+        rows = retry_until_done(
+            self.db,
+            "looking up a dead child",
+            lambda: list(
+                Process.objects.using(self.db)
+                .filter(supervisor_id=self.process_id, pid=pid)
+                .values_list("pk", flat=True)
+            ),
+            give_up=self.lifecycle.immediate.is_set,
+            max_delay=self.conf.db_retry_max_delay,
+        )
+        for process_id in rows or []:
+            self.settle(process_id, reason)
+
+    def settle(self, process_id: int, reason: str) -> None:
+        outcomes = retry_until_done(
+            self.db,
+            "recovering claims",
+            lambda: deregister_process(self.db, process_id, reason),
+            give_up=self.lifecycle.immediate.is_set,
+            max_delay=self.conf.db_retry_max_delay,
+        )
+        if outcomes:
+            logger.warning("recovered %d claim(s) of %s: %s", len(outcomes), reason, outcomes)
+
+    def stop_children(self) -> None:
+        """Ask every child to stop; force the ones that outlive the shutdown timeout.
+
+        A second signal to the supervisor while it waits escalates to SIGQUIT.
+        """
+        alive = [c for c in self.children if c.process is not None and c.process.is_alive()]
+        escalated = self.lifecycle.immediate.is_set()
+        for child in alive:
+            self.signal(child, signal.SIGQUIT if escalated else signal.SIGTERM)
+        deadline = time.monotonic() + self.conf.shutdown_timeout + 5.0
+        while alive and time.monotonic() < deadline:
+            if self.lifecycle.immediate.is_set() and not escalated:
+                escalated = True
+                for child in alive:
+                    self.signal(child, signal.SIGQUIT)
+            alive[0].process.join(0.1)
+            alive = [c for c in alive if c.process.is_alive()]
+        for child in alive:
+            logger.error("%s process %s did not stop; killing it", child.kind, child.process.pid)
+            child.process.kill()
+            child.process.join(5)
+        for child in self.children:
+            if child.process is not None:
+                self.recover_child(child.process.pid, f"{child.kind} process {child.process.pid} stopped")
+
+    @staticmethod
+    def signal(child: Child, signum: int) -> None:
+        try:
+            os.kill(child.process.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def prune_stale(conf: JobsSettings) -> None:
+    try:
+        prune_dead_processes(conf.database, conf.alive_threshold)
+    except DB_ERRORS as exc:
+        reset_connection(conf.database)
+        logger.warning("could not prune dead processes at start: %s", exc)

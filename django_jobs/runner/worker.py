@@ -1,0 +1,152 @@
+"""The worker loop: claim as many jobs as there are idle threads, run them, repeat."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from django.db import close_old_connections
+from django.db.models import Q
+
+from ..claims import ErrorInfo, claim_jobs, fail_job, release_job
+from ..conf import JobsSettings
+from ..models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution
+from ..queues import QueueSelector
+from ..scheduling import promote_due_jobs
+from .db_retry import DB_ERRORS, Backoff, reset_connection, retry_until_done
+from .executor import ExecutionContext, execute_job
+from .lifecycle import Lifecycle
+
+logger = logging.getLogger("django_jobs.worker")
+
+
+class Worker:
+    """One pool of threads fed from ``ReadyExecution``.
+
+    It never claims more jobs than it has idle threads, so a claimed job starts
+    at once; nothing sits claimed behind a busy thread, invisible to others.
+    """
+
+    def __init__(
+        self,
+        conf: JobsSettings,
+        process_id: int,
+        worker_id: str,
+        lifecycle: Lifecycle,
+        *,
+        once: bool = False,
+    ) -> None:
+        self.conf = conf
+        self.db = conf.database
+        self.process_id = process_id
+        self.selector = QueueSelector(conf.queues)
+        self.lifecycle = lifecycle
+        self.once = once
+        self.ctx = ExecutionContext(
+            db=self.db,
+            process_id=process_id,
+            worker_id=worker_id,
+            lifecycle=lifecycle,
+            db_retry_max_delay=conf.db_retry_max_delay,
+        )
+        self.lock = threading.Lock()
+        self.running: dict[int, Job] = {}
+        self.pool = ThreadPoolExecutor(conf.threads, thread_name_prefix="django-jobs-worker")
+
+    def idle_threads(self) -> int:
+        with self.lock:
+            return self.conf.threads - len(self.running)
+
+    def run(self) -> None:
+        backoff = Backoff(self.conf.db_retry_max_delay)
+        try:
+            while not self.lifecycle.stopping.is_set():
+                idle = self.idle_threads()
+                limit = min(idle, self.conf.batch_size)
+                claimed = 0
+                if limit > 0:
+                    try:
+                        claimed = self.claim_and_submit(limit)
+                        backoff.reset()
+                    except DB_ERRORS as exc:
+                        reset_connection(self.db)
+                        delay = backoff.next()
+                        logger.warning(
+                            "database unavailable while claiming (%s); retrying in %.2fs",
+                            exc,
+                            delay,
+                        )
+                        self.lifecycle.sleep(delay)
+                        continue
+                if claimed and claimed == limit < idle:
+                    continue  # a full batch with threads to spare: there may be more
+                if self.once and not claimed and not self.running and self.queue_is_empty():
+                    return
+                # Until a thread frees up (it sets wake) or the next poll is due.
+                self.lifecycle.sleep(self.conf.polling_interval)
+        finally:
+            self.shutdown()
+
+    def queue_is_empty(self) -> bool:
+        """In --once mode: nothing due or ready for our queues, nothing of ours claimed."""
+        if promote_due_jobs(self.db, self.conf.batch_size):
+            return False
+        conditions = Q()
+        for condition in self.selector.conditions():
+            conditions |= condition
+        ready = ReadyExecution.objects.using(self.db).filter(conditions).exclude(
+            queue_name__in=Pause.objects.using(self.db).values("queue_name")
+        )
+        mine = ClaimedExecution.objects.using(self.db).filter(process_id=self.process_id)
+        return not ready.exists() and not mine.exists()
+
+    def claim_and_submit(self, limit: int) -> int:
+        jobs = claim_jobs(self.db, self.process_id, self.selector, limit)
+        for job in jobs:
+            with self.lock:
+                self.running[job.pk] = job
+            self.pool.submit(self.run_one, job)
+        return len(jobs)
+
+    def run_one(self, job: Job) -> None:
+        try:
+            execute_job(job, self.ctx)
+        finally:
+            with self.lock:
+                self.running.pop(job.pk, None)
+            self.lifecycle.wake.set()
+
+    def shutdown(self) -> None:
+        """Let running jobs finish up to the shutdown timeout; settle the rest."""
+        if self.lifecycle.immediate.is_set():
+            return
+        deadline = time.monotonic() + self.conf.shutdown_timeout
+        while self.running and time.monotonic() < deadline:
+            if self.lifecycle.immediate.wait(0.05):
+                return
+        with self.lock:
+            leftovers = list(self.running.values())
+        for job in leftovers:
+            self.settle_interrupted(job)
+        self.pool.shutdown(wait=not leftovers, cancel_futures=True)
+        close_old_connections()
+
+    def settle_interrupted(self, job: Job) -> None:
+        """A job still running at the deadline: a failed attempt (retried if it may be)."""
+        status = Job.objects.using(self.db).filter(pk=job.pk).values_list("status", flat=True).first()
+        if status == JobStatus.RUNNING:
+            message = f"interrupted: still running after the {self.conf.shutdown_timeout}s shutdown timeout"
+            error = ErrorInfo("django_jobs.exceptions.WorkerShutdown", message, message)
+            retry_until_done(
+                self.db,
+                f"failing interrupted job {job.pk}",
+                lambda: fail_job(self.db, job.pk, self.process_id, error, worker_id=self.ctx.worker_id),
+                give_up=self.lifecycle.immediate.is_set,
+                max_delay=self.conf.db_retry_max_delay,
+            )
+            logger.warning("job interrupted task=%s job=%s: %s", job.task_path, job.pk, message)
+        else:
+            release_job(self.db, job.pk, self.process_id)
+

@@ -1,0 +1,168 @@
+"""``JobTask``: Django's ``Task`` plus the options this backend understands.
+
+Django 6.1 forwards unknown ``@task(...)`` keywords to the backend's
+``task_class``; Django 6.0 does not, so :func:`task` here accepts the same
+options on both. Every option is checked when the task is declared (or
+``.using()`` is called), so a typo fails at import time, not in a worker.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from datetime import datetime
+from typing import Any
+
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Task
+from django.tasks.base import DEFAULT_TASK_PRIORITY
+from django.tasks.exceptions import InvalidTask
+
+from .backoff import BackoffSpec, validate_backoff
+
+ConcurrencyKey = str | Callable[..., str] | None
+
+JOB_OPTION_NAMES = ("max_attempts", "backoff", "concurrency_key", "concurrency_limit")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobTask(Task):
+    max_attempts: int = 1
+    backoff: BackoffSpec = None
+    concurrency_key: ConcurrencyKey = None
+    concurrency_limit: int = 1
+
+    def __post_init__(self) -> None:
+        validate_job_options(self)
+        Task.__post_init__(self)
+
+    def using(
+        self,
+        *,
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: datetime | None = None,
+        backend: str | None = None,
+        **options: Any,
+    ) -> JobTask:
+        """Django's ``using()``, plus per-call overrides of this backend's options."""
+        unknown = sorted(set(options) - set(JOB_OPTION_NAMES))
+        if unknown:
+            raise TypeError(f"Unknown task option(s) for using(): {', '.join(unknown)}")
+        base = Task.using(
+            self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
+        )
+        return replace(base, **options) if options else base
+
+    def resolve_concurrency_key(self, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+        """The key for one call: the format string filled from the bound arguments."""
+        key = self.concurrency_key
+        if key is None:
+            return None
+        if callable(key):
+            resolved = key(*args, **kwargs)
+        else:
+            resolved = key.format(**bound_arguments(self, args, kwargs))
+        if not isinstance(resolved, str) or not resolved:
+            raise InvalidTask(f"concurrency_key of {self.module_path} must give a non-empty string")
+        if len(resolved) > 255:
+            raise InvalidTask("a concurrency key may be at most 255 characters")
+        return resolved
+
+
+def bound_arguments(task: Task, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    signature = inspect.signature(task.func)
+    call_args = [None, *args] if task.takes_context else list(args)
+    try:
+        bound = signature.bind(*call_args, **kwargs)
+    except TypeError as exc:
+        raise InvalidTask(f"Arguments do not match {task.module_path}{signature}: {exc}") from exc
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    if task.takes_context:
+        arguments.pop(next(iter(signature.parameters)), None)
+    return arguments
+
+
+def validate_job_options(task: JobTask) -> None:
+    if isinstance(task.max_attempts, bool) or not isinstance(task.max_attempts, int):
+        raise InvalidTask("max_attempts must be an integer >= 1")
+    if task.max_attempts < 1:
+        raise InvalidTask("max_attempts must be an integer >= 1")
+    try:
+        validate_backoff(task.backoff)
+    except ValueError as exc:
+        raise InvalidTask(str(exc)) from exc
+    limit = task.concurrency_limit
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidTask("concurrency_limit must be an integer >= 1")
+    key = task.concurrency_key
+    if key is not None and not callable(key):
+        if not isinstance(key, str) or not key:
+            raise InvalidTask("concurrency_key must be a non-empty format string or a callable")
+        validate_key_template(task, key)
+
+
+def validate_key_template(task: Task, template: str) -> None:
+    """Reject a template naming an argument the function does not take."""
+    import string
+
+    parameters = inspect.signature(task.func).parameters
+    takes_var_kwargs = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    try:
+        names = [
+            name for _, name, _, _ in string.Formatter().parse(template) if name is not None
+        ]
+    except ValueError as exc:
+        raise InvalidTask(f"concurrency_key {template!r} is not a valid format string") from exc
+    for name in names:
+        root = name.split(".")[0].split("[")[0]
+        if not root or root.isdigit():
+            raise InvalidTask("concurrency_key fields must name arguments, e.g. '{account_id}'")
+        if root not in parameters and not takes_var_kwargs:
+            raise InvalidTask(
+                f"concurrency_key {template!r} names {root!r}, "
+                f"which {task.module_path} does not take"
+            )
+
+
+def task(
+    function: Callable[..., Any] | None = None,
+    *,
+    priority: int = DEFAULT_TASK_PRIORITY,
+    queue_name: str = DEFAULT_TASK_QUEUE_NAME,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    takes_context: bool = False,
+    **options: Any,
+) -> Any:
+    """``django.tasks.task`` that also takes this backend's options on Django 6.0."""
+    from django.tasks import task_backends
+
+    unknown = sorted(set(options) - set(JOB_OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"Unknown task option(s): {', '.join(unknown)}")
+
+    def wrapper(func: Callable[..., Any]) -> Task:
+        task_class = task_backends[backend].task_class
+        if options and not issubclass(task_class, JobTask):
+            raise InvalidTask(f"Backend {backend!r} does not take django-jobs task options")
+        return task_class(
+            func=func,
+            priority=priority,
+            queue_name=queue_name,
+            backend=backend,
+            takes_context=takes_context,
+            run_after=None,
+            **options,
+        )
+
+    if function is not None:
+        return wrapper(function)
+    return wrapper
+
+
+def job_options(task: Task) -> dict[str, Any]:
+    """This backend's options of ``task``, defaults for a plain Django ``Task``."""
+    if isinstance(task, JobTask):
+        return {f.name: getattr(task, f.name) for f in fields(JobTask) if f.name in JOB_OPTION_NAMES}
+    return {"max_attempts": 1, "backoff": None, "concurrency_key": None, "concurrency_limit": 1}

@@ -1,0 +1,104 @@
+"""Settings of the demo and test project, read from the environment with django-environ.
+
+DATABASE_URL picks the database (default: a SQLite file beside this one), e.g.
+``postgres://postgres@127.0.0.1:5432/django_jobs`` or
+``mysql://root@127.0.0.1:3306/django_jobs``.
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent
+env = environ.Env()
+
+SECRET_KEY = env("SECRET_KEY", default="django-jobs-testproject-not-secret")
+DEBUG = env.bool("DEBUG", default=True)
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_jobs",
+    "testproject.demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
+
+SQLITE_PATH = BASE_DIR / "db.sqlite3"
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{SQLITE_PATH}")}
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=600)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    # A file, not :memory:, so run_jobs subprocesses share the test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test-db.sqlite3")}
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    DATABASES["default"].setdefault("OPTIONS", {})["charset"] = "utf8mb4"
+# An explicit test database name (used by tox to keep parallel runs apart).
+if env.str("TEST_DATABASE_NAME", default=""):
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = env.str("TEST_DATABASE_NAME")
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_jobs.backend.JobsBackend",
+        "QUEUES": ["default", "emails", "reports", "reports-daily", "slow"],
+    }
+}
+
+DJANGO_JOBS = {
+    "queues": env.list("JOBS_QUEUES", default=["*"]),
+    "threads": env.int("JOBS_THREADS", default=3),
+    "processes": env.int("JOBS_PROCESSES", default=1),
+    "polling_interval": env.float("JOBS_POLLING_INTERVAL", default=0.2),
+    "dispatcher_interval": env.float("JOBS_DISPATCHER_INTERVAL", default=1.0),
+    "heartbeat_interval": env.float("JOBS_HEARTBEAT_INTERVAL", default=60.0),
+    "alive_threshold": env.float("JOBS_ALIVE_THRESHOLD", default=300.0),
+    "shutdown_timeout": env.float("JOBS_SHUTDOWN_TIMEOUT", default=5.0),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s"}
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "django_jobs": {"handlers": ["console"], "level": env("JOBS_LOG_LEVEL", default="INFO")},
+        "testproject": {"handlers": ["console"], "level": "INFO"},
+    },
+}
