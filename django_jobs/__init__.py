@@ -12,7 +12,7 @@ __all__ = ["Exponential", "bulk_enqueue", "enqueue_on_commit", "task"]
 
 def task(*args: Any, **kwargs: Any) -> Any:
     """``@task`` with this backend's options, on Django 6.0 and 6.1 alike."""
-    from .task import task as _task
+    from .job_task import task as _task
 
     return _task(*args, **kwargs)
 

@@ -18,7 +18,7 @@ from .conf import database_alias
 from .models import FailedExecution, Job, JobStatus, ScheduledExecution
 from .results import build_result
 from .serialization import json_arguments
-from .task import JobTask, job_options
+from .job_task import JobTask, job_options
 
 Call = tuple[Task, Sequence[Any], Mapping[str, Any]]
 

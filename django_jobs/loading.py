@@ -11,8 +11,10 @@ from .exceptions import TaskNotFound
 def load_task(path: str) -> Task:
     try:
         target = import_string(path)
-    except ImportError as exc:
-        raise TaskNotFound(f"Task {path!r} cannot be imported: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - any error importing user code means "cannot load"
+        raise TaskNotFound(
+            f"Task {path!r} cannot be imported: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(target, Task):
         raise TaskNotFound(
             f"{path!r} is a {type(target).__name__}, not a django.tasks.Task; "

@@ -24,7 +24,7 @@ def task_for_job(job: Job) -> Task:
     try:
         task = load_task(job.task_path)
     except TaskNotFound:
-        from .task import JobTask
+        from .job_task import JobTask
 
         return JobTask(
             func=missing_task,

@@ -50,8 +50,14 @@ def execute_job(job: Job, ctx: ExecutionContext) -> None:
     close_old_connections()
     try:
         run_claimed_job(job, ctx)
-    except Exception:
+    except Exception as exc:
+        # A bug of ours must not leave the job claimed by a live process forever.
         logger.exception("internal error while running job %s", job.pk)
+        persist(
+            ctx,
+            f"failing job {job.pk}",
+            lambda: fail_job(ctx.db, job.pk, ctx.process_id, error_info(exc), worker_id=ctx.worker_id),
+        )
     finally:
         close_old_connections()
 
