@@ -87,6 +87,12 @@ def claim_jobs(db: str, process_id: int, selector: QueueSelector, limit: int) ->
     return [jobs[job_id] for job_id in ids]
 
 
+def delete_claim(db: str, claim: ClaimedExecution) -> None:
+    # A queryset delete, not claim.delete(): that one resets claim.job_id (the
+    # primary key) to None, and callers still need it.
+    ClaimedExecution.objects.using(db).filter(pk=claim.job_id).delete()
+
+
 def lock_own_claim(db: str, job_id: int, process_id: int) -> ClaimedExecution | None:
     return (
         ClaimedExecution.objects.using(db)
@@ -129,7 +135,7 @@ def finish_job(db: str, job_id: int, process_id: int, return_value: object) -> b
         claim = lock_own_claim(db, job_id, process_id)
         if claim is None:
             return False
-        claim.delete(using=db)
+        delete_claim(db, claim)
         Job.objects.using(db).filter(pk=job_id).update(
             status=JobStatus.SUCCEEDED, return_value=return_value, finished_at=timezone.now()
         )
@@ -173,7 +179,7 @@ def fail_claimed(
         traceback=error.traceback,
         failed_at=now,
     )
-    claim.delete(using=db)
+    delete_claim(db, claim)
     retry_at = None
     if retry and job.attempts < job.max_attempts:
         retry_at = now + timedelta(seconds=retry_delay(job.backoff, job.attempts))
@@ -209,7 +215,7 @@ def release_job(db: str, job_id: int, process_id: int) -> bool:
 
 
 def release_claimed(db: str, claim: ClaimedExecution) -> None:
-    claim.delete(using=db)
+    delete_claim(db, claim)
     job = Job.objects.using(db).get(pk=claim.job_id)
     if claim.concurrency_key:
         hand_back_to_key(db, claim.concurrency_key, job)

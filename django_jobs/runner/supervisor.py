@@ -23,6 +23,7 @@ from ..models import Process
 from ..processes import deregister_process, prune_dead_processes, register_process
 from .db_retry import DB_ERRORS, reset_connection, retry_until_done
 from .dispatcher import Dispatcher
+from .entry import child_main
 from .heartbeat import Heartbeat
 from .lifecycle import Lifecycle
 from .logs import configure_logging
@@ -70,12 +71,9 @@ def run_role(kind: str, conf: JobsSettings, lifecycle: Lifecycle, supervisor_id:
             logger.info("%s stopped: %s", kind, process.name)
 
 
-def child_main(kind: str, overrides: dict[str, Any], supervisor_id: int, verbosity: int) -> None:
-    """Entry point of a spawned child process."""
-    import django
-
+def run_child(kind: str, overrides: dict[str, Any], supervisor_id: int, verbosity: int) -> None:
+    """Body of a spawned child process (see ``entry.child_main``)."""
     os.setpgrp()
-    django.setup()
     configure_logging(verbosity)
     conf = JobsSettings.load(**overrides)
     lifecycle = Lifecycle()
@@ -150,7 +148,7 @@ class Supervisor:
     def start(self, child: Child) -> None:
         child.process = self.context.Process(
             target=child_main,
-            args=(child.kind, self.overrides, self.process_id, self.verbosity),
+            args=(str(child.kind.value), self.overrides, self.process_id, self.verbosity),
             name=f"django-jobs-{child.kind}-{child.slot}",
             daemon=False,
         )
