@@ -24,18 +24,7 @@ def backend_checks(backend: JobsBackend) -> list[Any]:
                 id="django_jobs.E001",
             )
         ]
-    settings_dict = connections.databases[db]
-    if settings_dict["ENGINE"] == "django.db.backends.sqlite3":
-        mode = (settings_dict.get("OPTIONS") or {}).get("transaction_mode")
-        if mode != "IMMEDIATE":
-            errors.append(
-                Error(
-                    f"SQLite database {db!r} must use OPTIONS={{'transaction_mode': 'IMMEDIATE'}}.",
-                    hint="Without BEGIN IMMEDIATE, two workers can read the same ready job "
-                    "before either writes, and concurrency limits are not serialised.",
-                    id="django_jobs.E002",
-                )
-            )
+    errors.extend(sqlite_checks(db, connections.databases[db]))
     unknown = JobsSettings.unknown_keys()
     if unknown:
         errors.append(
@@ -70,6 +59,21 @@ def backend_checks(backend: JobsBackend) -> list[Any]:
                 )
             )
     return errors
+
+
+def sqlite_checks(alias: str, settings_dict: dict[str, Any]) -> list[Any]:
+    if settings_dict["ENGINE"] != "django.db.backends.sqlite3":
+        return []
+    if (settings_dict.get("OPTIONS") or {}).get("transaction_mode") == "IMMEDIATE":
+        return []
+    return [
+        Error(
+            f"SQLite database {alias!r} must use OPTIONS={{'transaction_mode': 'IMMEDIATE'}}.",
+            hint="Without BEGIN IMMEDIATE, two workers can read the same ready job "
+            "before either writes, and concurrency limits are not serialised.",
+            id="django_jobs.E002",
+        )
+    ]
 
 
 def number_checks(conf: JobsSettings) -> list[Any]:
