@@ -22,7 +22,8 @@ from .worker import Worker
 logger = logging.getLogger("django_jobs.supervisor")
 
 
-def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool = False) -> None:
+def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool = False) -> bool:
+    """Run until stopped; True if job threads were abandoned at the shutdown timeout."""
     db = conf.database
     process = retry_until_done(
         db,
@@ -32,7 +33,7 @@ def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool =
         max_delay=conf.db_retry_max_delay,
     )
     if process is None:
-        return
+        return False
     beat = Heartbeat(db, process.pk, conf.heartbeat_interval, lifecycle)
     beat.start()
     dispatcher_lifecycle = Lifecycle()
@@ -47,8 +48,9 @@ def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool =
         conf.threads,
         " (--once)" if once else "",
     )
+    worker = Worker(conf, process.pk, process.name, lifecycle, once=once)
     try:
-        Worker(conf, process.pk, process.name, lifecycle, once=once).run()
+        worker.run()
     finally:
         dispatcher_lifecycle.request_stop()
         dispatcher.join(conf.shutdown_timeout + 5)
@@ -62,3 +64,4 @@ def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool =
                 max_delay=conf.db_retry_max_delay,
             )
         logger.info("worker stopped: %s", process.name)
+    return bool(worker.abandoned)

@@ -54,6 +54,9 @@ class Worker:
         self.lock = threading.Lock()
         self.running: dict[int, Job] = {}
         self.pool = ThreadPoolExecutor(conf.threads, thread_name_prefix="django-jobs-worker")
+        # Jobs still running when shutdown gave up on them: their threads cannot be
+        # killed, so the process must exit without joining them.
+        self.abandoned = 0
 
     def idle_threads(self) -> int:
         with self.lock:
@@ -130,6 +133,7 @@ class Worker:
             leftovers = list(self.running.values())
         for job in leftovers:
             self.settle_interrupted(job)
+        self.abandoned = len(leftovers)
         self.pool.shutdown(wait=not leftovers, cancel_futures=True)
         close_old_connections()
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -83,6 +86,11 @@ class Command(BaseCommand):
         lifecycle.install_signal_handlers()
         prune_stale(conf)
         if options["once"] or conf.single_process:
-            run_single_process(conf, lifecycle, once=options["once"])
+            if run_single_process(conf, lifecycle, once=options["once"]):
+                # Threads of jobs cut off at the shutdown timeout cannot be joined.
+                logging.shutdown()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)
         else:
             Supervisor(conf, lifecycle, overrides, verbosity).run()
