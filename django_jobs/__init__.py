@@ -36,9 +36,7 @@ def bulk_enqueue(calls: Any, *, backend: str | None = None) -> list[TaskResult]:
     return target.bulk_enqueue(calls)
 
 
-def enqueue_on_commit(
-    task: Task, *args: Any, using: str | None = None, **kwargs: Any
-) -> None:
+def enqueue_on_commit(task: Task, *args: Any, using: str | None = None, **kwargs: Any) -> None:
     """Enqueue once the transaction on database ``using`` commits; nothing if it rolls back.
 
     ``using`` is the alias whose transaction guards the data the job needs (by
@@ -49,9 +47,7 @@ def enqueue_on_commit(
 
     from .conf import database_alias
 
-    transaction.on_commit(
-        lambda: task.enqueue(*args, **kwargs), using=using or database_alias()
-    )
+    transaction.on_commit(lambda: task.enqueue(*args, **kwargs), using=using or database_alias())
 
 
 def __getattr__(name: str) -> Any:

@@ -15,10 +15,10 @@ from django.utils import timezone
 from .admission import admit_jobs
 from .backoff import backoff_to_json
 from .conf import database_alias
+from .job_task import JobTask, job_options
 from .models import FailedExecution, Job, JobStatus, ScheduledExecution
 from .results import build_result
 from .serialization import json_arguments
-from .job_task import JobTask, job_options
 
 Call = tuple[Task, Sequence[Any], Mapping[str, Any]]
 
@@ -82,9 +82,11 @@ class JobsBackend(BaseTaskBackend):
         self.validate_task(task)
         json_args, json_kwargs = json_arguments(args, kwargs)
         options = job_options(task)
-        key = task.resolve_concurrency_key(json_args, json_kwargs) if isinstance(
-            task, JobTask
-        ) else None
+        key = (
+            task.resolve_concurrency_key(json_args, json_kwargs)
+            if isinstance(task, JobTask)
+            else None
+        )
         now = timezone.now()
         future = task.run_after is not None and task.run_after > now
         job = Job(

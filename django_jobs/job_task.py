@@ -110,9 +110,7 @@ def validate_key_template(task: Task, template: str) -> None:
     parameters = inspect.signature(task.func).parameters
     takes_var_kwargs = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
     try:
-        names = [
-            name for _, name, _, _ in string.Formatter().parse(template) if name is not None
-        ]
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
     except ValueError as exc:
         raise InvalidTask(f"concurrency_key {template!r} is not a valid format string") from exc
     for name in names:
@@ -164,5 +162,7 @@ def task(
 def job_options(task: Task) -> dict[str, Any]:
     """This backend's options of ``task``, defaults for a plain Django ``Task``."""
     if isinstance(task, JobTask):
-        return {f.name: getattr(task, f.name) for f in fields(JobTask) if f.name in JOB_OPTION_NAMES}
+        return {
+            f.name: getattr(task, f.name) for f in fields(JobTask) if f.name in JOB_OPTION_NAMES
+        }
     return {"max_attempts": 1, "backoff": None, "concurrency_key": None, "concurrency_limit": 1}

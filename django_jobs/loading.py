@@ -11,7 +11,7 @@ from .exceptions import TaskNotFound
 def load_task(path: str) -> Task:
     try:
         target = import_string(path)
-    except Exception as exc:  # noqa: BLE001 - any error importing user code means "cannot load"
+    except Exception as exc:  # any error importing user code means "cannot load"
         raise TaskNotFound(
             f"Task {path!r} cannot be imported: {type(exc).__name__}: {exc}"
         ) from exc

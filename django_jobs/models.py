@@ -97,6 +97,9 @@ class ReadyExecution(models.Model):
             models.Index(fields=["concurrency_key"], name="jobs_ready_key"),
         ]
 
+    def __str__(self) -> str:
+        return f"ready #{self.job_id} ({self.queue_name})"
+
 
 class ScheduledExecution(models.Model):
     """A job due later: a ``run_after`` in the future or a retry's backoff."""
@@ -114,6 +117,9 @@ class ScheduledExecution(models.Model):
             models.Index(fields=["scheduled_at", "-priority", "job"], name="jobs_scheduled_due"),
         ]
 
+    def __str__(self) -> str:
+        return f"scheduled #{self.job_id} at {self.scheduled_at:%Y-%m-%d %H:%M:%S}"
+
 
 class BlockedExecution(models.Model):
     """A job waiting for a slot of its concurrency key."""
@@ -128,10 +134,11 @@ class BlockedExecution(models.Model):
 
     class Meta:
         indexes = [
-            models.Index(
-                fields=["concurrency_key", "-priority", "job"], name="jobs_blocked_next"
-            ),
+            models.Index(fields=["concurrency_key", "-priority", "job"], name="jobs_blocked_next"),
         ]
+
+    def __str__(self) -> str:
+        return f"blocked #{self.job_id} on {self.concurrency_key}"
 
 
 class Process(models.Model):
@@ -187,6 +194,9 @@ class ClaimedExecution(models.Model):
     class Meta:
         indexes = [models.Index(fields=["concurrency_key"], name="jobs_claimed_key")]
 
+    def __str__(self) -> str:
+        return f"claimed #{self.job_id} by process {self.process_id}"
+
 
 class FailedExecution(models.Model):
     """One failed attempt of a job, with the error it raised."""
@@ -202,6 +212,9 @@ class FailedExecution(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["job", "attempt"], name="jobs_failed_job_attempt")]
+
+    def __str__(self) -> str:
+        return f"#{self.job_id} attempt {self.attempt}: {self.exception_class_path}"
 
 
 class Semaphore(models.Model):

@@ -7,7 +7,6 @@ import os
 import socket
 from datetime import timedelta
 
-from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
@@ -63,9 +62,7 @@ def prune_dead_processes(db: str, alive_threshold: float) -> dict[int, str]:
         recovered = recover_process_claims(db, process.pk, reason)
         outcomes.update(recovered)
         deleted, _ = (
-            Process.objects.using(db)
-            .filter(pk=process.pk, last_heartbeat_at__lt=cutoff)
-            .delete()
+            Process.objects.using(db).filter(pk=process.pk, last_heartbeat_at__lt=cutoff).delete()
         )
         if deleted or recovered:
             logger.warning(
@@ -73,13 +70,11 @@ def prune_dead_processes(db: str, alive_threshold: float) -> dict[int, str]:
             )
     orphans = (
         ClaimedExecution.objects.using(db)
-        .filter(Q(process_id__isnull=True) | ~Q(process_id__in=Process.objects.using(db).values("pk")))
+        .exclude(process_id__in=Process.objects.using(db).values("pk"))
         .values_list("process_id", flat=True)
         .distinct()
     )
     for process_id in list(orphans):
-        if process_id is None:
-            continue
         outcomes.update(
             recover_process_claims(db, process_id, f"process {process_id} no longer exists")
         )

@@ -24,8 +24,7 @@ def json_arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
         raise InvalidTaskArguments(f"Task arguments must be JSON serializable: {exc}") from exc
     if json.loads(text) != [normalized_args, normalized_kwargs]:
         raise InvalidTaskArguments(
-            "Task arguments would change in JSON (dict keys must be strings): "
-            f"{text[:200]}"
+            f"Task arguments would change in JSON (dict keys must be strings): {text[:200]}"
         )
     return normalized_args, normalized_kwargs
 

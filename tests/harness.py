@@ -32,8 +32,8 @@ FAST_ENV = {
 }
 
 
-def database_url(alias: str = "default") -> str:
-    """A DATABASE_URL naming the *test* database, for subprocesses."""
+def database_url(alias: str = "default", port: int | None = None) -> str:
+    """A DATABASE_URL naming the *test* database, for subprocesses (via ``port`` if given)."""
     s = connections[alias].settings_dict
     engine = s["ENGINE"]
     if engine.endswith("sqlite3"):
@@ -42,8 +42,9 @@ def database_url(alias: str = "default") -> str:
     user = quote(s.get("USER") or "")
     password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
     auth = f"{user}{password}@" if user else ""
-    port = f":{s['PORT']}" if s.get("PORT") else ""
-    return f"{scheme}://{auth}{s.get('HOST') or '127.0.0.1'}{port}/{s['NAME']}"
+    host = "127.0.0.1" if port else s.get("HOST") or "127.0.0.1"
+    port = port or s.get("PORT")
+    return f"{scheme}://{auth}{host}{f':{port}' if port else ''}/{s['NAME']}"
 
 
 def wait_until(
@@ -56,7 +57,9 @@ def wait_until(
         if last:
             return last
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}; last={last!r}")
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what or predicate}; last={last!r}"
+    )
 
 
 class RunJobs:
@@ -78,7 +81,7 @@ class RunJobs:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in kill()/wait()
+        self.log = open(self.log_path, "wb")  # closed in kill()
         self.proc = subprocess.Popen(
             [sys.executable, str(MANAGE), "run_jobs", *self.args],
             cwd=REPO_ROOT,

@@ -69,9 +69,16 @@ def test_invariants_hold_under_load_with_a_worker_killed(run_jobs, capsys):
     plans = plan_jobs(count, rng)
     results = bulk_enqueue(
         [
-            (audited.using(concurrency_limit=limit), [], {
-                "key": key, "limit": limit, "duration": duration, "fail_attempts": fail,
-            })
+            (
+                audited.using(concurrency_limit=limit),
+                [],
+                {
+                    "key": key,
+                    "limit": limit,
+                    "duration": duration,
+                    "fail_attempts": fail,
+                },
+            )
             for key, limit, duration, fail in plans
         ]
     )
@@ -79,9 +86,13 @@ def test_invariants_hold_under_load_with_a_worker_killed(run_jobs, capsys):
 
     began = time.monotonic()
     proc = run_jobs("--processes", "2", "--threads", "4")
-    wait_until(lambda: AuditEvent.objects.count() >= count // 3, 60, what="a third of the jobs started")
+    wait_until(
+        lambda: AuditEvent.objects.count() >= count // 3, 60, what="a third of the jobs started"
+    )
     victim = wait_until(
-        lambda: Process.objects.filter(kind="worker").order_by("pk").first(), 10, what="a worker row"
+        lambda: Process.objects.filter(kind="worker").order_by("pk").first(),
+        10,
+        what="a worker row",
     )
     os.kill(victim.pid, signal.SIGKILL)
     killed_at = time.time()

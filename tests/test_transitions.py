@@ -140,7 +140,9 @@ class TestFinalisation:
         assert start_job(DB, job, worker.pk, worker.name)
         stored = Job.objects.get(pk=job.pk)
         assert (stored.status, stored.attempts, stored.worker_ids) == (
-            JobStatus.RUNNING, 1, [worker.name]
+            JobStatus.RUNNING,
+            1,
+            [worker.name],
         )
 
     def test_finish_is_exactly_once(self, worker):
@@ -186,7 +188,8 @@ class TestFinalisation:
         assert stored.finished_at is not None
         failures = list(FailedExecution.objects.order_by("attempt"))
         assert [(f.attempt, f.exception_class_path) for f in failures] == [
-            (1, "builtins.ValueError"), (2, "builtins.ValueError"),
+            (1, "builtins.ValueError"),
+            (2, "builtins.ValueError"),
         ]
         assert "ValueError: boom" in failures[0].traceback
 
@@ -234,9 +237,10 @@ class TestRecovery:
         assert outcomes == {unstarted.pk: "released", retried.pk: "retried", failed.pk: "failed"}
         assert Job.objects.get(pk=unstarted.pk).attempts == 0
         assert recover_process_claims(DB, worker.pk, "gone again") == {}
-        assert list(FailedExecution.objects.values_list("exception_class_path", flat=True)) == [
-            "django_jobs.exceptions.ProcessDied"
-        ] * 2
+        assert (
+            list(FailedExecution.objects.values_list("exception_class_path", flat=True))
+            == ["django_jobs.exceptions.ProcessDied"] * 2
+        )
 
     def test_prune_takes_only_the_dead_and_settles_orphans(self, worker):
         tasks.add.enqueue(1, 1)

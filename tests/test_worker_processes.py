@@ -65,10 +65,7 @@ def test_queue_selection_order_and_pauses(run_jobs):
 
     proc = run_jobs("--once", "--threads", "1", "--queues", "emails,default,reports*")
     assert proc.wait() == 0, proc.output()
-    started = {
-        job.pk: job.started_at
-        for job in Job.objects.filter(status=JobStatus.SUCCEEDED)
-    }
+    started = {job.pk: job.started_at for job in Job.objects.filter(status=JobStatus.SUCCEEDED)}
     # Queue order wins over priority: every emails job (priority 5) started
     # before any default job (priority 50).
     assert max(started[int(r.id)] for r in email_jobs) < min(
@@ -90,15 +87,17 @@ def test_only_the_named_queues_are_served(run_jobs):
 def test_supervisor_registers_processes_and_stops_on_sigterm(run_jobs):
     proc = run_jobs("--processes", "2", "--threads", "2")
     wait_until(
-        lambda: sorted(Process.objects.values_list("kind", flat=True))
-        == ["dispatcher", "supervisor", "worker", "worker"],
+        lambda: (
+            sorted(Process.objects.values_list("kind", flat=True))
+            == ["dispatcher", "supervisor", "worker", "worker"]
+        ),
         what="supervisor, two workers and a dispatcher registered",
     )
     supervisor = Process.objects.get(kind="supervisor")
     assert supervisor.pid == proc.pid
-    assert set(Process.objects.exclude(pk=supervisor.pk).values_list("supervisor_id", flat=True)) == {
-        supervisor.pk
-    }
+    assert set(
+        Process.objects.exclude(pk=supervisor.pk).values_list("supervisor_id", flat=True)
+    ) == {supervisor.pk}
     results = [tasks.add.enqueue(i, 1) for i in range(10)]
     wait_until(lambda: all(status_of(r) == JobStatus.SUCCEEDED for r in results))
     before = Process.objects.get(kind="worker", pk=Process.objects.filter(kind="worker").first().pk)
@@ -247,12 +246,11 @@ def test_worker_survives_the_database_going_away(run_jobs, tmp_path):
         pytest.skip("SQLite is a file: there is no server to lose")
     settings = connection.settings_dict
     default_port = 5432 if connection.vendor == "postgresql" else 3306
-    proxy = CuttableProxy(settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or default_port))
+    proxy = CuttableProxy(
+        settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or default_port)
+    )
     try:
-        url = database_url().replace(
-            f"{settings.get('HOST') or '127.0.0.1'}{':' + str(settings['PORT']) if settings.get('PORT') else ''}/",
-            f"127.0.0.1:{proxy.port}/",
-        )
+        url = database_url(port=proxy.port)
         marker = tmp_path / "started"
         running = tasks.sleep_then_return.enqueue(1.0, str(marker))
         proc = run_jobs("--single-process", "--threads", "2", env={"DATABASE_URL": url})
@@ -263,8 +261,10 @@ def test_worker_survives_the_database_going_away(run_jobs, tmp_path):
         time.sleep(2)  # the outage itself: the worker must ride it out
         proxy.restore()
         wait_until(
-            lambda: status_of(running) == JobStatus.SUCCEEDED
-            and status_of(during) == JobStatus.SUCCEEDED,
+            lambda: (
+                status_of(running) == JobStatus.SUCCEEDED
+                and status_of(during) == JobStatus.SUCCEEDED
+            ),
             30,
             what="both jobs done after the outage",
         )

@@ -5,13 +5,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
 
 logger = logging.getLogger("django_jobs.runner")
-
-T = TypeVar("T")
 
 DB_ERRORS = (OperationalError, InterfaceError)
 
@@ -38,7 +35,7 @@ class Backoff:
         self.delay = 0.0
 
 
-def retry_until_done(
+def retry_until_done[T](
     db: str,
     what: str,
     action: Callable[[], T],
@@ -61,5 +58,7 @@ def retry_until_done(
                 logger.error("database unavailable; giving up on %s: %s", what, exc)
                 return None
             delay = backoff.next()
-            logger.warning("database unavailable during %s (%s); retrying in %.2fs", what, exc, delay)
+            logger.warning(
+                "database unavailable during %s (%s); retrying in %.2fs", what, exc, delay
+            )
             time.sleep(delay)

@@ -53,10 +53,11 @@ def execute_job(job: Job, ctx: ExecutionContext) -> None:
     except Exception as exc:
         # A bug of ours must not leave the job claimed by a live process forever.
         logger.exception("internal error while running job %s", job.pk)
+        error = error_info(exc)
         persist(
             ctx,
             f"failing job {job.pk}",
-            lambda: fail_job(ctx.db, job.pk, ctx.process_id, error_info(exc), worker_id=ctx.worker_id),
+            lambda: fail_job(ctx.db, job.pk, ctx.process_id, error, worker_id=ctx.worker_id),
         )
     finally:
         close_old_connections()
@@ -79,17 +80,20 @@ def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
         task = load_task(job.task_path)
     except TaskNotFound as exc:
         logger.error("job failed %s error=%s (not retried)", describe(job), exc)
+        error = error_info(exc)
         persist(
             ctx,
             f"failing job {job.pk}",
             lambda: fail_job(
-                ctx.db, job.pk, ctx.process_id, error_info(exc), worker_id=ctx.worker_id, retry=False
+                ctx.db, job.pk, ctx.process_id, error, worker_id=ctx.worker_id, retry=False
             ),
         )
         return
 
     if ctx.lifecycle.stopping.is_set():
-        persist(ctx, f"handing back job {job.pk}", lambda: release_job(ctx.db, job.pk, ctx.process_id))
+        persist(
+            ctx, f"handing back job {job.pk}", lambda: release_job(ctx.db, job.pk, ctx.process_id)
+        )
         logger.info("job handed back %s (shutting down before it started)", describe(job))
         return
 
@@ -110,17 +114,22 @@ def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
         else:
             value = task.call(*job.args, **job.kwargs)
         value = json_return_value(value)
-    except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt must not kill the worker
+    except BaseException as exc:  # SystemExit/KeyboardInterrupt of a task must not kill us
         duration = time.monotonic() - began
+        error = error_info(exc)
         outcome = persist(
             ctx,
             f"failing job {job.pk}",
-            lambda: fail_job(ctx.db, job.pk, ctx.process_id, error_info(exc), worker_id=ctx.worker_id),
+            lambda: fail_job(ctx.db, job.pk, ctx.process_id, error, worker_id=ctx.worker_id),
         )
         if outcome is None:
             logger.warning("job %s failed but its claim was already settled elsewhere", job.pk)
             return
-        retry = f" retry_at={outcome.retry_at.isoformat()}" if outcome.will_retry else " (no retries left)"
+        retry = (
+            f" retry_at={outcome.retry_at.isoformat()}"
+            if outcome.will_retry
+            else " (no retries left)"
+        )
         logger.error(
             "job failed %s duration=%.3fs error=%s: %s%s",
             describe(job),

@@ -28,7 +28,9 @@ def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool =
     process = retry_until_done(
         db,
         "registering the worker",
-        lambda: register_process(db, Process.Kind.WORKER, metadata={**process_metadata(conf), "single_process": True}),
+        lambda: register_process(
+            db, Process.Kind.WORKER, metadata={**process_metadata(conf), "single_process": True}
+        ),
         give_up=lifecycle.stopping.is_set,
         max_delay=conf.db_retry_max_delay,
     )
@@ -38,7 +40,9 @@ def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool =
     beat.start()
     dispatcher_lifecycle = Lifecycle()
     dispatcher = threading.Thread(
-        target=Dispatcher(conf, dispatcher_lifecycle).run, name="django-jobs-dispatcher", daemon=True
+        target=Dispatcher(conf, dispatcher_lifecycle).run,
+        name="django-jobs-dispatcher",
+        daemon=True,
     )
     dispatcher.start()
     logger.info(

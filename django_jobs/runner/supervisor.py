@@ -38,13 +38,17 @@ def process_metadata(conf: JobsSettings) -> dict[str, Any]:
     return {"queues": list(conf.queues), "threads": conf.threads}
 
 
-def run_role(kind: str, conf: JobsSettings, lifecycle: Lifecycle, supervisor_id: int | None) -> None:
+def run_role(
+    kind: str, conf: JobsSettings, lifecycle: Lifecycle, supervisor_id: int | None
+) -> None:
     """Register as ``kind``, run its loop until stopped, then deregister."""
     db = conf.database
     process = retry_until_done(
         db,
         f"registering the {kind}",
-        lambda: register_process(db, kind, supervisor_id=supervisor_id, metadata=process_metadata(conf)),
+        lambda: register_process(
+            db, kind, supervisor_id=supervisor_id, metadata=process_metadata(conf)
+        ),
         give_up=lifecycle.stopping.is_set,
         max_delay=conf.db_retry_max_delay,
     )
@@ -52,7 +56,13 @@ def run_role(kind: str, conf: JobsSettings, lifecycle: Lifecycle, supervisor_id:
         return
     beat = Heartbeat(db, process.pk, conf.heartbeat_interval, lifecycle)
     beat.start()
-    logger.info("%s started: %s queues=%s threads=%d", kind, process.name, ",".join(conf.queues), conf.threads)
+    logger.info(
+        "%s started: %s queues=%s threads=%d",
+        kind,
+        process.name,
+        ",".join(conf.queues),
+        conf.threads,
+    )
     try:
         if kind == Process.Kind.WORKER:
             Worker(conf, process.pk, process.name, lifecycle).run()
@@ -105,7 +115,9 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, conf: JobsSettings, lifecycle: Lifecycle, overrides: dict[str, Any], verbosity: int) -> None:
+    def __init__(
+        self, conf: JobsSettings, lifecycle: Lifecycle, overrides: dict[str, Any], verbosity: int
+    ) -> None:
         self.conf = conf
         self.db = conf.database
         self.lifecycle = lifecycle
@@ -120,7 +132,9 @@ class Supervisor:
         process = retry_until_done(
             self.db,
             "registering the supervisor",
-            lambda: register_process(self.db, Process.Kind.SUPERVISOR, metadata=process_metadata(self.conf)),
+            lambda: register_process(
+                self.db, Process.Kind.SUPERVISOR, metadata=process_metadata(self.conf)
+            ),
             give_up=self.lifecycle.stopping.is_set,
             max_delay=self.conf.db_retry_max_delay,
         )
@@ -169,7 +183,9 @@ class Supervisor:
     def replace(self, child: Child) -> None:
         pid, code = child.process.pid, child.process.exitcode
         child.process.join(0)
-        logger.error("%s process %s exited unexpectedly (code %s); replacing it", child.kind, pid, code)
+        logger.error(
+            "%s process %s exited unexpectedly (code %s); replacing it", child.kind, pid, code
+        )
         self.recover_child(pid, f"{child.kind} process {pid} exited with code {code}")
         if time.monotonic() - child.started_at < RESTART_DELAY * 5:
             self.lifecycle.stopping.wait(RESTART_DELAY)
@@ -227,7 +243,9 @@ class Supervisor:
             child.process.join(5)
         for child in self.children:
             if child.process is not None:
-                self.recover_child(child.process.pid, f"{child.kind} process {child.process.pid} stopped")
+                self.recover_child(
+                    child.process.pid, f"{child.kind} process {child.process.pid} stopped"
+                )
 
     @staticmethod
     def signal(child: Child, signum: int) -> None:

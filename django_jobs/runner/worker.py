@@ -99,8 +99,10 @@ class Worker:
         conditions = Q()
         for condition in self.selector.conditions():
             conditions |= condition
-        ready = ReadyExecution.objects.using(self.db).filter(conditions).exclude(
-            queue_name__in=Pause.objects.using(self.db).values("queue_name")
+        ready = (
+            ReadyExecution.objects.using(self.db)
+            .filter(conditions)
+            .exclude(queue_name__in=Pause.objects.using(self.db).values("queue_name"))
         )
         mine = ClaimedExecution.objects.using(self.db).filter(process_id=self.process_id)
         return not ready.exists() and not mine.exists()
@@ -139,18 +141,24 @@ class Worker:
 
     def settle_interrupted(self, job: Job) -> None:
         """A job still running at the deadline: a failed attempt (retried if it may be)."""
-        status = Job.objects.using(self.db).filter(pk=job.pk).values_list("status", flat=True).first()
+        status = (
+            Job.objects.using(self.db).filter(pk=job.pk).values_list("status", flat=True).first()
+        )
         if status == JobStatus.RUNNING:
-            message = f"interrupted: still running after the {self.conf.shutdown_timeout}s shutdown timeout"
+            message = (
+                f"interrupted: still running after the {self.conf.shutdown_timeout}s "
+                "shutdown timeout"
+            )
             error = ErrorInfo("django_jobs.exceptions.WorkerShutdown", message, message)
             retry_until_done(
                 self.db,
                 f"failing interrupted job {job.pk}",
-                lambda: fail_job(self.db, job.pk, self.process_id, error, worker_id=self.ctx.worker_id),
+                lambda: fail_job(
+                    self.db, job.pk, self.process_id, error, worker_id=self.ctx.worker_id
+                ),
                 give_up=self.lifecycle.immediate.is_set,
                 max_delay=self.conf.db_retry_max_delay,
             )
             logger.warning("job interrupted task=%s job=%s: %s", job.task_path, job.pk, message)
         else:
             release_job(self.db, job.pk, self.process_id)
-

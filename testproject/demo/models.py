@@ -19,3 +19,6 @@ class AuditEvent(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["key", "started"], name="demo_audit_key_started")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt} on {self.key}"

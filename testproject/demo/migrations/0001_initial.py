@@ -4,27 +4,35 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='AuditEvent',
+            name="AuditEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('job_id', models.BigIntegerField(db_index=True)),
-                ('key', models.CharField(max_length=255)),
-                ('limit', models.PositiveIntegerField()),
-                ('attempt', models.PositiveIntegerField()),
-                ('pid', models.PositiveIntegerField()),
-                ('started', models.FloatField(help_text='time.time() when the function started')),
-                ('ended', models.FloatField(help_text='time.time() when it returned or raised', null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("job_id", models.BigIntegerField(db_index=True)),
+                ("key", models.CharField(max_length=255)),
+                ("limit", models.PositiveIntegerField()),
+                ("attempt", models.PositiveIntegerField()),
+                ("pid", models.PositiveIntegerField()),
+                ("started", models.FloatField(help_text="time.time() when the function started")),
+                (
+                    "ended",
+                    models.FloatField(
+                        help_text="time.time() when it returned or raised", null=True
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['key', 'started'], name='demo_audit_key_started')],
+                "indexes": [models.Index(fields=["key", "started"], name="demo_audit_key_started")],
             },
         ),
     ]

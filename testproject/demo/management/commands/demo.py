@@ -29,7 +29,9 @@ class Command(BaseCommand):
         )
         results += [tasks.sync_account.enqueue(account_id=1) for _ in range(3)]
         self.stdout.write(
-            self.style.SUCCESS(f"Enqueued {len(results)} demo jobs; starting run_jobs (Ctrl-C stops).")
+            self.style.SUCCESS(
+                f"Enqueued {len(results)} demo jobs; starting run_jobs (Ctrl-C stops)."
+            )
         )
         call_command("run_jobs", single_process=True, once=options["once"], verbosity=1)
         self.stdout.write("Results:")
