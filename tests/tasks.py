@@ -60,3 +60,8 @@ def not_a_task() -> str:
     """A plain function: a job naming it must fail without running it."""
     Path("/tmp/django-jobs-not-a-task-ran").write_text("ran")
     return "ran"
+
+
+@task
+def returns_a_set(*args) -> set:
+    return {1, 2}
