@@ -87,12 +87,21 @@ def admit_to_key(db: str, key: str, jobs: list[Job]) -> None:
         semaphore.limit = limit
     jobs = sorted(jobs, key=lambda j: (-j.priority, j.pk))
     free = max(0, semaphore.value)
-    admitted, blocked = jobs[:free], jobs[free:]
+    admitted, rest = jobs[:free], jobs[free:]
     semaphore.value -= len(admitted)
     semaphore.updated_at = timezone.now()
     semaphore.save(using=db, update_fields=["limit", "value", "updated_at"])
     if admitted:
         make_ready(db, admitted)
+    discarded = [job for job in rest if job.on_conflict == "discard"]
+    blocked = [job for job in rest if job.on_conflict != "discard"]
+    if discarded:
+        now = timezone.now()
+        Job.objects.using(db).filter(pk__in=[job.pk for job in discarded]).update(
+            status=JobStatus.DISCARDED, finished_at=now
+        )
+        for job in discarded:
+            job.status, job.finished_at = JobStatus.DISCARDED, now
     if blocked:
         BlockedExecution.objects.using(db).bulk_create(
             [
@@ -109,17 +118,15 @@ def admit_to_key(db: str, key: str, jobs: list[Job]) -> None:
 
 
 def release_slot(db: str, key: str) -> int:
-    """Give back one slot of ``key`` and promote blocked jobs into the free slots.
+    """After a holder of ``key`` is gone: recount the free slots and fill them.
 
-    The caller has already deleted the holder's claimed row in this
-    transaction. The free count never rises above the limit, however many
-    times a holder is (wrongly) released. Returns the number promoted.
+    The caller has already deleted the holder's row in this transaction. The
+    free count is recounted from the holders rather than incremented, so a
+    release can never raise it above the limit, however many times it runs for
+    one holder (Solid Queue PR #689 item 4, #761), and a holder whose lease
+    expired is not given back twice. Returns the number promoted.
     """
-    semaphore = Semaphore.objects.using(db).select_for_update().filter(key=key).first()
-    if semaphore is None:
-        return 0
-    semaphore.value = min(semaphore.limit, semaphore.value + 1)
-    return promote_blocked(db, semaphore)
+    return reconcile_key(db, key)
 
 
 def reconcile_key(db: str, key: str) -> int:
@@ -132,8 +139,14 @@ def reconcile_key(db: str, key: str) -> int:
 
 
 def count_holders(db: str, key: str) -> int:
+    """Ready and claimed jobs of ``key``; a claim whose lease ran out no longer counts."""
     ready = ReadyExecution.objects.using(db).filter(concurrency_key=key).count()
-    claimed = ClaimedExecution.objects.using(db).filter(concurrency_key=key).count()
+    claimed = (
+        ClaimedExecution.objects.using(db)
+        .filter(concurrency_key=key)
+        .exclude(lease_expires_at__lt=timezone.now())
+        .count()
+    )
     return ready + claimed
 
 
@@ -159,14 +172,17 @@ def promote_blocked(db: str, semaphore: Semaphore) -> int:
 
 
 def hand_back_to_key(db: str, key: str, job: Job) -> None:
-    """Free ``job``'s slot and let it compete again, in priority order, with the blocked jobs."""
-    semaphore = Semaphore.objects.using(db).select_for_update().filter(key=key).first()
-    if semaphore is None:
+    """Free ``job``'s slot and let it compete again, in priority order, with the blocked jobs.
+
+    The caller has deleted the job's claimed row. The job waits as blocked and
+    the recount decides, so it never bypasses the limit (Solid Queue PR #689
+    items 3 and 6).
+    """
+    if not Semaphore.objects.using(db).select_for_update().filter(key=key).exists():
         admit_jobs(db, [job])
         return
-    semaphore.value = min(semaphore.limit, semaphore.value + 1)
     BlockedExecution.objects.using(db).create(
         job_id=job.pk, queue_name=job.queue_name, priority=job.priority, concurrency_key=key
     )
     set_status(db, [job], JobStatus.BLOCKED)
-    promote_blocked(db, semaphore)
+    reconcile_key(db, key)

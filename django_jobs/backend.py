@@ -103,6 +103,8 @@ class JobsBackend(BaseTaskBackend):
             backoff=backoff_to_json(options["backoff"]),
             concurrency_key=key,
             concurrency_limit=options["concurrency_limit"] if key else None,
+            concurrency_duration=task.lease_seconds if key else None,
+            on_conflict=options["on_conflict"],
         )
         return job, task
 

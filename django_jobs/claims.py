@@ -11,9 +11,10 @@ rolls everything back and leaves the claim for recovery (DESIGN.md section 4).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from .admission import admit_jobs, hand_back_to_key, make_ready, release_slot
@@ -24,6 +25,7 @@ from .models import (
     Job,
     JobStatus,
     Pause,
+    QueueLock,
     ReadyExecution,
     ScheduledExecution,
 )
@@ -46,45 +48,105 @@ class FailOutcome:
         return self.retry_at is not None
 
 
-def claim_jobs(db: str, process_id: int, selector: QueueSelector, limit: int) -> list[Job]:
-    """Take up to ``limit`` ready jobs, skipping rows other claimers hold locked."""
+def claim_jobs(
+    db: str,
+    process_id: int,
+    selector: QueueSelector,
+    limit: int,
+    caps: dict[str, int] | None = None,
+) -> list[Job]:
+    """Take up to ``limit`` ready jobs, skipping rows other claimers hold locked.
+
+    ``caps`` are queue-wide limits (``max_concurrency``): the queue's lock row
+    is taken and its claims counted in this same transaction, so two workers
+    can never both see room for the last slot (taskito #104), and a cap of N
+    lets exactly N run.
+    """
     if limit <= 0:
         return []
     with transaction.atomic(using=db):
-        paused = list(Pause.objects.using(db).values_list("queue_name", flat=True))
-        picked: list[tuple[int, str | None]] = []
+        paused = set(Pause.objects.using(db).values_list("queue_name", flat=True))
+        room = lock_queue_caps(db, selector, caps or {}, paused)
+        picked: list[tuple[int, str]] = []
         for condition in selector.conditions():
-            wanted = limit - len(picked)
-            if wanted <= 0:
-                break
-            rows = ReadyExecution.objects.using(db).select_for_update(skip_locked=True)
-            rows = rows.filter(condition)
-            if paused:
-                rows = rows.exclude(queue_name__in=paused)
-            if picked:
-                # Rows this transaction already locked are not skipped: exclude them.
-                rows = rows.exclude(job_id__in=[job_id for job_id, _ in picked])
-            picked.extend(
-                rows.order_by("-priority", "job_id").values_list("job_id", "concurrency_key")[
-                    :wanted
-                ]
-            )
+            while len(picked) < limit:
+                full = [queue for queue, left in room.items() if left <= 0]
+                rows = ReadyExecution.objects.using(db).select_for_update(skip_locked=True)
+                rows = rows.filter(condition).exclude(queue_name__in=[*paused, *full])
+                if picked:
+                    # Rows this transaction already locked are not skipped: exclude them.
+                    rows = rows.exclude(job_id__in=[job_id for job_id, _ in picked])
+                batch = list(
+                    rows.order_by("-priority", "job_id").values_list("job_id", "queue_name")[
+                        : limit - len(picked)
+                    ]
+                )
+                over_cap = False
+                for job_id, queue in batch:
+                    if queue in room:
+                        if room[queue] <= 0:
+                            over_cap = True
+                            continue
+                        room[queue] -= 1
+                    picked.append((job_id, queue))
+                if not over_cap:
+                    break
         if not picked:
             return []
         ids = [job_id for job_id, _ in picked]
+        jobs = {job.pk: job for job in Job.objects.using(db).filter(pk__in=ids)}
         now = timezone.now()
         ClaimedExecution.objects.using(db).bulk_create(
             [
                 ClaimedExecution(
-                    job_id=job_id, process_id=process_id, concurrency_key=key, created_at=now
+                    job_id=job_id,
+                    process_id=process_id,
+                    queue_name=queue,
+                    concurrency_key=jobs[job_id].concurrency_key,
+                    lease_expires_at=lease_end(jobs[job_id], now),
+                    created_at=now,
                 )
-                for job_id, key in picked
+                for job_id, queue in picked
             ]
         )
         ReadyExecution.objects.using(db).filter(job_id__in=ids).delete()
         Job.objects.using(db).filter(pk__in=ids).update(status=JobStatus.CLAIMED)
-        jobs = {job.pk: job for job in Job.objects.using(db).filter(pk__in=ids)}
+    for job in jobs.values():
+        job.status = JobStatus.CLAIMED
     return [jobs[job_id] for job_id in ids]
+
+
+def lease_end(job: Job, now: datetime) -> datetime | None:
+    if job.concurrency_key and job.concurrency_duration:
+        return now + timedelta(seconds=job.concurrency_duration)
+    return None
+
+
+def lock_queue_caps(
+    db: str, selector: QueueSelector, caps: dict[str, int], paused: set[str]
+) -> dict[str, int]:
+    """Lock the cap rows of the capped queues we serve; return the room left in each."""
+    queues = sorted(q for q in caps if selector.matches(q) and q not in paused)
+    if not queues:
+        return {}
+    QueueLock.objects.using(db).bulk_create(
+        [QueueLock(queue_name=queue) for queue in queues], ignore_conflicts=True
+    )
+    list(
+        QueueLock.objects.using(db)
+        .select_for_update()
+        .filter(queue_name__in=queues)
+        .order_by("queue_name")
+        .values_list("pk", flat=True)
+    )
+    running = dict(
+        ClaimedExecution.objects.using(db)
+        .filter(queue_name__in=queues)
+        .values_list("queue_name")
+        .annotate(n=Count("pk"))
+        .values_list("queue_name", "n")
+    )
+    return {queue: caps[queue] - running.get(queue, 0) for queue in queues}
 
 
 def delete_claim(db: str, claim: ClaimedExecution) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Task
@@ -22,7 +22,16 @@ from .backoff import BackoffSpec, validate_backoff
 
 ConcurrencyKey = str | Callable[..., str] | None
 
-JOB_OPTION_NAMES = ("max_attempts", "backoff", "concurrency_key", "concurrency_limit")
+JOB_OPTION_NAMES = (
+    "max_attempts",
+    "backoff",
+    "concurrency_key",
+    "concurrency_limit",
+    "concurrency_group",
+    "concurrency_duration",
+    "on_conflict",
+)
+ON_CONFLICT_CHOICES = ("block", "discard")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,6 +40,9 @@ class JobTask(Task):
     backoff: BackoffSpec = None
     concurrency_key: ConcurrencyKey = None
     concurrency_limit: int = 1
+    concurrency_group: str | None = None
+    concurrency_duration: float | timedelta | None = None
+    on_conflict: str = "block"
 
     def __post_init__(self) -> None:
         validate_job_options(self)
@@ -55,7 +67,11 @@ class JobTask(Task):
         return replace(base, **options) if options else base
 
     def resolve_concurrency_key(self, args: list[Any], kwargs: dict[str, Any]) -> str | None:
-        """The key for one call: the format string filled from the bound arguments."""
+        """The semaphore key of one call: ``group/key``, the key filled from the arguments.
+
+        The group defaults to the task's path, so two tasks share a limit only
+        when they name the same ``concurrency_group``.
+        """
         key = self.concurrency_key
         if key is None:
             return None
@@ -65,9 +81,17 @@ class JobTask(Task):
             resolved = key.format(**bound_arguments(self, args, kwargs))
         if not isinstance(resolved, str) or not resolved:
             raise InvalidTask(f"concurrency_key of {self.module_path} must give a non-empty string")
-        if len(resolved) > 255:
-            raise InvalidTask("a concurrency key may be at most 255 characters")
-        return resolved
+        full = f"{self.concurrency_group or self.module_path}/{resolved}"
+        if len(full) > 255:
+            raise InvalidTask(f"concurrency key {full[:60]!r}... is longer than 255 characters")
+        return full
+
+    @property
+    def lease_seconds(self) -> float | None:
+        duration = self.concurrency_duration
+        if isinstance(duration, timedelta):
+            return duration.total_seconds()
+        return None if duration is None else float(duration)
 
 
 def bound_arguments(task: Task, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -96,7 +120,19 @@ def validate_job_options(task: JobTask) -> None:
     limit = task.concurrency_limit
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidTask("concurrency_limit must be an integer >= 1")
+    group = task.concurrency_group
+    if group is not None and (not isinstance(group, str) or not group or "/" in group):
+        raise InvalidTask("concurrency_group must be a non-empty string without '/'")
+    duration = task.concurrency_duration
+    if duration is not None:
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+            raise InvalidTask("concurrency_duration must be a number of seconds > 0 or a timedelta")
+    if task.on_conflict not in ON_CONFLICT_CHOICES:
+        raise InvalidTask(f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}")
     key = task.concurrency_key
+    if key is None and (group is not None or duration is not None):
+        raise InvalidTask("concurrency_group and concurrency_duration need a concurrency_key")
     if key is not None and not callable(key):
         if not isinstance(key, str) or not key:
             raise InvalidTask("concurrency_key must be a non-empty format string or a callable")
@@ -165,4 +201,12 @@ def job_options(task: Task) -> dict[str, Any]:
         return {
             f.name: getattr(task, f.name) for f in fields(JobTask) if f.name in JOB_OPTION_NAMES
         }
-    return {"max_attempts": 1, "backoff": None, "concurrency_key": None, "concurrency_limit": 1}
+    return {
+        "max_attempts": 1,
+        "backoff": None,
+        "concurrency_key": None,
+        "concurrency_limit": 1,
+        "concurrency_group": None,
+        "concurrency_duration": None,
+        "on_conflict": "block",
+    }

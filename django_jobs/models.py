@@ -65,6 +65,12 @@ class Job(models.Model):
 
     concurrency_key = models.CharField(max_length=255, null=True, blank=True, db_index=True)
     concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
+    # Seconds a running holder keeps its slot even if it runs longer (a lease); None: for
+    # as long as it runs.
+    concurrency_duration = models.FloatField(null=True, blank=True)
+    on_conflict = models.CharField(
+        max_length=8, choices=[("block", "Block"), ("discard", "Discard")], default="block"
+    )
 
     class Meta:
         indexes = [
@@ -188,11 +194,18 @@ class ClaimedExecution(models.Model):
         null=True,
         related_name="claims",
     )
+    queue_name = models.CharField(max_length=128, default="default")
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)
+    # When a concurrency_duration lease runs out: from then on this holder no longer
+    # counts toward its key's limit. None: it counts until it is gone.
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        indexes = [models.Index(fields=["concurrency_key"], name="jobs_claimed_key")]
+        indexes = [
+            models.Index(fields=["concurrency_key"], name="jobs_claimed_key"),
+            models.Index(fields=["queue_name"], name="jobs_claimed_queue"),
+        ]
 
     def __str__(self) -> str:
         return f"claimed #{self.job_id} by process {self.process_id}"
@@ -230,6 +243,15 @@ class Semaphore(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.value}/{self.limit} free)"
+
+
+class QueueLock(models.Model):
+    """The row a claim locks to enforce a queue's ``max_concurrency`` across all workers."""
+
+    queue_name = models.CharField(max_length=128, unique=True)
+
+    def __str__(self) -> str:
+        return self.queue_name
 
 
 class Pause(models.Model):

@@ -174,7 +174,11 @@ def test_task_options_are_stored_on_the_job():
         concurrency_limit=2,
     )
     job = Job.objects.get(pk=int(limited.enqueue("x").id))
-    assert (job.max_attempts, job.concurrency_key, job.concurrency_limit) == (4, "echo:x", 2)
+    assert (job.max_attempts, job.concurrency_key, job.concurrency_limit) == (
+        4,
+        "tests.tasks.echo/echo:x",
+        2,
+    )
     assert job.backoff == {"exponential": {"base": 1, "factor": 2.0, "max": 8, "jitter": 0.25}}
     per_call = limited.using(max_attempts=1, backoff=module_level_backoff, concurrency_limit=3)
     job = Job.objects.get(pk=int(per_call.enqueue("y").id))
@@ -187,10 +191,12 @@ def test_concurrency_key_callable_and_defaults():
         return f"v-{value}"
 
     by_callable = jobs_task(tasks.echo.func, concurrency_key=key)
-    assert Job.objects.get(pk=int(by_callable.enqueue(3).id)).concurrency_key == "v-3"
+    assert (
+        Job.objects.get(pk=int(by_callable.enqueue(3).id)).concurrency_key == "tests.tasks.echo/v-3"
+    )
     with_default = jobs_task(tasks.sleep_then_return.func, concurrency_key="s:{marker}")
     job = Job.objects.get(pk=int(with_default.enqueue(0.1).id))
-    assert job.concurrency_key == "s:None"
+    assert job.concurrency_key == "tests.tasks.sleep_then_return/s:None"
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from django_jobs.claims import (
     release_job,
     start_job,
 )
+from django_jobs.discard import discard_job
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -162,10 +163,10 @@ class TestFinalisation:
         start_job(DB, job, worker.pk, worker.name)
         recover_process_claims(DB, worker.pk, "declared dead")
         assert Job.objects.get(pk=job.pk).status == JobStatus.FAILED
-        semaphore = Semaphore.objects.get(key="k:a")
+        semaphore = Semaphore.objects.get(key="tests.tasks.echo/k:a")
         assert semaphore.value == 1
         assert not finish_job(DB, job.pk, worker.pk, "late")
-        assert Semaphore.objects.get(key="k:a").value == 1
+        assert Semaphore.objects.get(key="tests.tasks.echo/k:a").value == 1
         assert Job.objects.get(pk=job.pk).status == JobStatus.FAILED
 
     def test_fail_retries_with_backoff_then_fails_for_good(self, worker):
@@ -221,7 +222,7 @@ class TestFinalisation:
         # Both compete for the one slot in (priority, age) order: the first wins again.
         assert ReadyExecution.objects.filter(job_id=first).exists()
         assert BlockedExecution.objects.filter(job_id=second).exists()
-        assert Semaphore.objects.get(key="k:x").value == 0
+        assert Semaphore.objects.get(key="tests.tasks.echo/k:x").value == 0
 
 
 @pytest.mark.django_db
@@ -298,14 +299,25 @@ class TestAdmission:
         # The finish promoted exactly one blocked job, in its own transaction.
         assert ReadyExecution.objects.filter(job_id=results[2]).exists()
         assert BlockedExecution.objects.filter(job_id=results[3]).exists()
-        assert Semaphore.objects.get(key="two").value == 0
+        assert Semaphore.objects.get(key="tests.tasks.echo/two").value == 0
 
-    def test_free_slots_never_exceed_the_limit(self):
-        limited.enqueue("z")
+    def test_repeated_releases_never_free_a_held_slot_nor_exceed_the_limit(self):
+        """Solid Queue PR #689 item 4 and #761: a release recounts, it never just adds one."""
+        key = "tests.tasks.echo/k:z"
+        holder = int(limited.enqueue("z").id)
+        waiting = int(limited.enqueue("z").id)
         for _ in range(5):
             with transaction.atomic():
-                release_slot(DB, "k:z")
-        assert Semaphore.objects.get(key="k:z").value == 1
+                release_slot(DB, key)
+        assert Semaphore.objects.get(key=key).value == 0
+        assert BlockedExecution.objects.filter(job_id=waiting).exists()
+        assert discard_job(DB, holder)
+        assert ReadyExecution.objects.filter(job_id=waiting).exists()
+        assert discard_job(DB, waiting)
+        for _ in range(5):
+            with transaction.atomic():
+                release_slot(DB, key)
+        assert Semaphore.objects.get(key=key).value == 1
 
     def test_scheduled_keyed_jobs_are_admitted_through_the_semaphore(self):
         later = timezone.now() + timedelta(minutes=1)

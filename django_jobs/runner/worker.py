@@ -108,7 +108,7 @@ class Worker:
         return not ready.exists() and not mine.exists()
 
     def claim_and_submit(self, limit: int) -> int:
-        jobs = claim_jobs(self.db, self.process_id, self.selector, limit)
+        jobs = claim_jobs(self.db, self.process_id, self.selector, limit, self.conf.max_concurrency)
         for job in jobs:
             with self.lock:
                 self.running[job.pk] = job
