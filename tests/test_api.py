@@ -291,3 +291,48 @@ def test_check_sqlite_needs_immediate_transactions():
 def test_bad_settings_are_check_errors(jobs_settings, expected):
     with override_settings(DJANGO_JOBS=jobs_settings):
         assert expected in error_ids(backend_checks(default_task_backend))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"concurrency_key": "x:{value}", "concurrency_group": ""},
+        {"concurrency_key": "x:{value}", "concurrency_group": "a/b"},
+        {"concurrency_key": "x:{value}", "concurrency_duration": 0},
+        {"concurrency_key": "x:{value}", "concurrency_duration": "1h"},
+        {"concurrency_key": "x:{value}", "on_conflict": "skip"},
+        {"concurrency_group": "sync"},
+        {"concurrency_duration": 30},
+    ],
+)
+def test_bad_concurrency_options_fail_at_declaration(options):
+    with pytest.raises(InvalidTask):
+        jobs_task(tasks.echo.func, **options)
+
+
+def test_tasks_share_a_limit_only_through_a_group():
+    mine = jobs_task(tasks.echo.func, concurrency_key="acct:{value}", concurrency_group="sync")
+    theirs = jobs_task(tasks.add.func, concurrency_key="acct:{a}", concurrency_group="sync")
+    alone = jobs_task(tasks.add.func, concurrency_key="acct:{a}")
+    first = Job.objects.get(pk=int(mine.enqueue(1).id))
+    second = Job.objects.get(pk=int(theirs.enqueue(1, 0).id))
+    third = Job.objects.get(pk=int(alone.enqueue(1, 0).id))
+    assert first.concurrency_key == second.concurrency_key == "sync/acct:1"
+    assert (first.status, second.status) == (JobStatus.READY, JobStatus.BLOCKED)
+    assert (third.concurrency_key, third.status) == ("tests.tasks.add/acct:1", JobStatus.READY)
+
+
+def test_on_conflict_discard_drops_the_job_instead_of_blocking():
+    once = jobs_task(tasks.echo.func, concurrency_key="k:{value}", on_conflict="discard")
+    first, second = once.enqueue(1), once.enqueue(1)
+    assert Job.objects.get(pk=int(first.id)).status == JobStatus.READY
+    dropped = Job.objects.get(pk=int(second.id))
+    assert dropped.status == JobStatus.DISCARDED and dropped.finished_at is not None
+    assert default_task_backend.get_result(second.id).status == TaskResultStatus.FAILED
+
+
+def test_a_lease_is_stored_in_seconds():
+    leased = jobs_task(
+        tasks.echo.func, concurrency_key="k:{value}", concurrency_duration=timedelta(minutes=2)
+    )
+    assert Job.objects.get(pk=int(leased.enqueue(1).id)).concurrency_duration == 120.0

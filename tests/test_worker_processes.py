@@ -7,6 +7,7 @@ and hopes.
 from __future__ import annotations
 
 import os
+from itertools import pairwise
 import re
 import signal
 import time
@@ -275,3 +276,20 @@ def test_worker_survives_the_database_going_away(run_jobs, tmp_path):
         assert proc.wait(20) == 0, proc.output()
     finally:
         proxy.close()
+
+
+def test_a_queue_cap_holds_across_worker_processes(run_jobs):
+    """max_concurrency=1 on 'slow': two processes x three threads still run one at a time."""
+    slow = [tasks.sleep_then_return.using(queue_name="slow").enqueue(0.2) for _ in range(6)]
+    free = [tasks.add.enqueue(i, i) for i in range(6)]
+    proc = run_jobs("--processes", "2", "--threads", "3", env={"JOBS_MAX_CONCURRENCY": "slow=1"})
+    wait_until(
+        lambda: all(status_of(r) == JobStatus.SUCCEEDED for r in slow + free),
+        30,
+        what="every job done",
+    )
+    proc.send(signal.SIGTERM)
+    assert proc.wait(20) == 0, proc.output()
+    spans = sorted(Job.objects.filter(queue_name="slow").values_list("started_at", "finished_at"))
+    overlaps = [a_end > b_start for (_, a_end), (b_start, _) in pairwise(spans)]
+    assert not any(overlaps), spans
