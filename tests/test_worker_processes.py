@@ -7,10 +7,10 @@ and hopes.
 from __future__ import annotations
 
 import os
-from itertools import pairwise
 import re
 import signal
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
