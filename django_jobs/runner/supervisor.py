@@ -20,13 +20,13 @@ from typing import Any
 
 from ..conf import JobsSettings
 from ..models import Process
-from ..processes import deregister_process, prune_dead_processes, register_process
+from ..processes import deregister_process, prune_dead_processes
 from .db_retry import DB_ERRORS, reset_connection, retry_until_done
 from .dispatcher import Dispatcher
 from .entry import child_main
-from .heartbeat import Heartbeat
 from .lifecycle import Lifecycle
 from .logs import configure_logging
+from .registration import registered
 from .worker import Worker
 
 logger = logging.getLogger("django_jobs.supervisor")
@@ -34,51 +34,25 @@ logger = logging.getLogger("django_jobs.supervisor")
 RESTART_DELAY = 1.0
 
 
-def process_metadata(conf: JobsSettings) -> dict[str, Any]:
-    return {"queues": list(conf.queues), "threads": conf.threads}
-
-
 def run_role(
     kind: str, conf: JobsSettings, lifecycle: Lifecycle, supervisor_id: int | None
 ) -> None:
     """Register as ``kind``, run its loop until stopped, then deregister."""
-    db = conf.database
-    process = retry_until_done(
-        db,
-        f"registering the {kind}",
-        lambda: register_process(
-            db, kind, supervisor_id=supervisor_id, metadata=process_metadata(conf)
-        ),
-        give_up=lifecycle.stopping.is_set,
-        max_delay=conf.db_retry_max_delay,
-    )
-    if process is None:
-        return
-    beat = Heartbeat(db, process.pk, conf.heartbeat_interval, lifecycle)
-    beat.start()
-    logger.info(
-        "%s started: %s queues=%s threads=%d",
-        kind,
-        process.name,
-        ",".join(conf.queues),
-        conf.threads,
-    )
-    try:
+    with registered(conf, lifecycle, kind, supervisor_id=supervisor_id) as process:
+        if process is None:
+            return
+        logger.info(
+            "%s started: %s queues=%s threads=%d",
+            kind,
+            process.name,
+            ",".join(conf.queues),
+            conf.threads,
+        )
         if kind == Process.Kind.WORKER:
             Worker(conf, process.pk, process.name, lifecycle).run()
         else:
             Dispatcher(conf, lifecycle).run()
-    finally:
-        beat.stop()
-        if not lifecycle.immediate.is_set():
-            retry_until_done(
-                db,
-                f"deregistering the {kind}",
-                lambda: deregister_process(db, process.pk, f"{process.name} stopped"),
-                give_up=lifecycle.immediate.is_set,
-                max_delay=conf.db_retry_max_delay,
-            )
-            logger.info("%s stopped: %s", kind, process.name)
+    logger.info("%s stopped: %s", kind, process.name)
 
 
 def run_child(kind: str, overrides: dict[str, Any], supervisor_id: int, verbosity: int) -> None:
@@ -129,35 +103,25 @@ class Supervisor:
         self.process_id: int | None = None
 
     def run(self) -> None:
-        process = retry_until_done(
-            self.db,
-            "registering the supervisor",
-            lambda: register_process(
-                self.db, Process.Kind.SUPERVISOR, metadata=process_metadata(self.conf)
-            ),
-            give_up=self.lifecycle.stopping.is_set,
-            max_delay=self.conf.db_retry_max_delay,
-        )
-        if process is None:
-            return
-        self.process_id = process.pk
-        beat = Heartbeat(self.db, process.pk, self.conf.heartbeat_interval, self.lifecycle)
-        beat.start()
-        logger.info(
-            "supervisor started: %s, %d worker process(es) x %d thread(s) + dispatcher",
-            process.name,
-            self.conf.processes,
-            self.conf.threads,
-        )
-        try:
-            for child in self.children:
-                self.start(child)
-            self.monitor()
-        finally:
-            beat.stop()
-            self.stop_children()
-            self.settle(process.pk, f"supervisor {process.name} stopped")
-            logger.info("supervisor stopped")
+        with registered(
+            self.conf, self.lifecycle, Process.Kind.SUPERVISOR, settle_when_immediate=True
+        ) as process:
+            if process is None:
+                return
+            self.process_id = process.pk
+            logger.info(
+                "supervisor started: %s, %d worker process(es) x %d thread(s) + dispatcher",
+                process.name,
+                self.conf.processes,
+                self.conf.threads,
+            )
+            try:
+                for child in self.children:
+                    self.start(child)
+                self.monitor()
+            finally:
+                self.stop_children()
+        logger.info("supervisor stopped")
 
     def start(self, child: Child) -> None:
         child.process = self.context.Process(

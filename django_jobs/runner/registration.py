@@ -1,0 +1,62 @@
+"""A process's row in the registry for as long as it runs: register, heartbeat, deregister."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..conf import JobsSettings
+from ..models import Process
+from ..processes import deregister_process, register_process
+from .db_retry import retry_until_done
+from .heartbeat import Heartbeat
+from .lifecycle import Lifecycle
+
+
+@contextmanager
+def registered(
+    conf: JobsSettings,
+    lifecycle: Lifecycle,
+    kind: str,
+    *,
+    supervisor_id: int | None = None,
+    metadata: dict[str, Any] | None = None,
+    settle_when_immediate: bool = False,
+) -> Iterator[Process | None]:
+    """Yield this process's row (None if stopped before the database answered).
+
+    On the way out the heartbeat stops and the row is removed after its claims
+    are settled. After an immediate stop a child leaves that to its supervisor
+    (or to pruning); the supervisor itself settles anyway (``settle_when_immediate``).
+    """
+    db = conf.database
+    process = retry_until_done(
+        db,
+        f"registering the {kind}",
+        lambda: register_process(
+            db,
+            kind,
+            supervisor_id=supervisor_id,
+            metadata={"queues": list(conf.queues), "threads": conf.threads, **(metadata or {})},
+        ),
+        give_up=lifecycle.stopping.is_set,
+        max_delay=conf.db_retry_max_delay,
+    )
+    if process is None:
+        yield None
+        return
+    beat = Heartbeat(db, process.pk, conf.heartbeat_interval, lifecycle)
+    beat.start()
+    try:
+        yield process
+    finally:
+        beat.stop()
+        if settle_when_immediate or not lifecycle.immediate.is_set():
+            retry_until_done(
+                db,
+                f"deregistering the {kind}",
+                lambda: deregister_process(db, process.pk, f"{process.name} stopped"),
+                give_up=lifecycle.immediate.is_set,
+                max_delay=conf.db_retry_max_delay,
+            )
