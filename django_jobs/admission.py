@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+from django.db import connections
 from django.utils import timezone
 
 from .models import BlockedExecution, ClaimedExecution, Job, JobStatus, ReadyExecution, Semaphore
@@ -71,8 +72,16 @@ def lock_semaphore(db: str, key: str, limit: int) -> Semaphore:
     semaphores = Semaphore.objects.using(db).select_for_update()
     semaphore = semaphores.filter(key=key).first()
     if semaphore is None:
+        # An upsert whose update is a no-op, not INSERT IGNORE: on MySQL/MariaDB a
+        # duplicate-key INSERT IGNORE takes a *shared* lock on the row another
+        # enqueue just inserted, and two such waiters both upgrading to the FOR
+        # UPDATE below deadlock. The upsert takes the exclusive lock at once.
+        features = connections[db].features
         Semaphore.objects.using(db).bulk_create(
-            [Semaphore(key=key, limit=limit, value=limit)], ignore_conflicts=True
+            [Semaphore(key=key, limit=limit, value=limit)],
+            update_conflicts=True,
+            update_fields=["key"],
+            unique_fields=["key"] if features.supports_update_conflicts_with_target else None,
         )
         semaphore = semaphores.get(key=key)
     return semaphore
@@ -85,6 +94,11 @@ def admit_to_key(db: str, key: str, jobs: list[Job]) -> None:
         # The newest declaration wins; free slots move by the same amount.
         semaphore.value += limit - semaphore.limit
         semaphore.limit = limit
+        if semaphore.value > 0:
+            # A raised limit opens slots: the jobs already blocked on the key get
+            # them first, or they would wait behind free slots (invariant 2).
+            # (``limit`` itself is saved below.)
+            promote_blocked(db, semaphore)
     jobs = sorted(jobs, key=lambda j: (-j.priority, j.pk))
     free = max(0, semaphore.value)
     admitted, rest = jobs[:free], jobs[free:]

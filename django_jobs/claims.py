@@ -174,19 +174,29 @@ def start_job(db: str, job: Job, process_id: int, worker_id: str) -> bool:
     with transaction.atomic(using=db):
         if lock_own_claim(db, job.pk, process_id) is None:
             return False
+        # Counted from the row, read under the claim's lock, not from the caller's
+        # copy of the job, which may be older than an earlier attempt.
+        attempts, worker_ids, started_at = (
+            Job.objects.using(db)
+            .filter(pk=job.pk)
+            .values_list("attempts", "worker_ids", "started_at")
+            .get()
+        )
         now = timezone.now()
-        worker_ids = [*job.worker_ids, worker_id]
+        attempts += 1
+        worker_ids = [*(worker_ids or []), worker_id]
+        started_at = started_at or now
         Job.objects.using(db).filter(pk=job.pk).update(
             status=JobStatus.RUNNING,
-            attempts=len(worker_ids),
+            attempts=attempts,
             worker_ids=worker_ids,
-            started_at=job.started_at or now,
+            started_at=started_at,
             last_attempted_at=now,
         )
     job.status = JobStatus.RUNNING
-    job.attempts = len(worker_ids)
+    job.attempts = attempts
     job.worker_ids = worker_ids
-    job.started_at = job.started_at or now
+    job.started_at = started_at
     job.last_attempted_at = now
     return True
 

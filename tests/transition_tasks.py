@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connections
+
 from django_jobs import task
 
 
@@ -10,18 +17,25 @@ def noop(value=None):
     return value
 
 
-@task(concurrency_key="one:{name}", concurrency_limit=1)
+# Keys are "<group>/<name>": "one/x" for both one-slot tasks (they share the limit).
+@task(concurrency_key="{name}", concurrency_group="one", concurrency_limit=1)
 def one_at_a_time(name: str, n: int = 0) -> int:
     return n
 
 
-@task(concurrency_key="two:{name}", concurrency_limit=2)
-def two_at_a_time(name: str, n: int = 0) -> int:
+@task(
+    concurrency_key="{name}",
+    concurrency_group="one",
+    concurrency_limit=1,
+    max_attempts=3,
+    backoff=0,
+)
+def one_at_a_time_retried(name: str, n: int = 0) -> int:
     return n
 
 
-@task(concurrency_key="one:{name}", concurrency_limit=1, max_attempts=3, backoff=0)
-def one_at_a_time_retried(name: str, n: int = 0) -> int:
+@task(concurrency_key="{name}", concurrency_group="two", concurrency_limit=2)
+def two_at_a_time(name: str, n: int = 0) -> int:
     return n
 
 
@@ -33,3 +47,92 @@ def retried_later() -> None:
 @task(max_attempts=3, backoff=0)
 def retried_at_once() -> None:
     return None
+
+
+# --- Helpers for the two-connection race tests --------------------------------------------
+# (Kept here, beside the tasks, so the four transition test modules share one copy.)
+
+DB = "default"
+TIMEOUT = 20.0
+
+
+def vendor() -> str:
+    return connections[DB].vendor
+
+
+def has_row_locks() -> bool:
+    """PostgreSQL and MariaDB/MySQL lock rows; SQLite serialises whole write transactions."""
+    return vendor() != "sqlite"
+
+
+class InThread:
+    """Run ``fn`` in a thread of its own, hence on a database connection of its own.
+
+    The connection is closed when the thread ends. ``join()`` re-raises whatever the
+    thread raised and fails (rather than hangs) if it does not end in time.
+    """
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+        def target() -> None:
+            try:
+                self.result = fn(*args, **kwargs)
+            except BaseException as exc:
+                self.error = exc
+            finally:
+                connections[DB].close()
+                self.done.set()
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def join(self, timeout: float = TIMEOUT) -> Any:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the thread did not finish in time (blocked?)"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def backend_id() -> int:
+    """The server-side id of this thread's connection (to watch it from another one)."""
+    query = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
+    with connections[DB].cursor() as cursor:
+        cursor.execute(query[vendor()])
+        return int(cursor.fetchone()[0])
+
+
+def is_waiting_for_row_lock(server_id: int) -> bool:
+    """Whether connection ``server_id`` is blocked waiting for a lock another one holds."""
+    with connections[DB].cursor() as cursor:
+        if vendor() == "postgresql":
+            cursor.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [server_id]
+            )
+            row = cursor.fetchone()
+            return bool(row) and row[0] == "Lock"
+        cursor.execute(
+            "SELECT trx_state FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s",
+            [server_id],
+        )
+        row = cursor.fetchone()
+        return bool(row) and row[0] == "LOCK WAIT"
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> bool:
+    """Poll ``condition`` (a database observation, not a timer) until true or ``timeout``.
+
+    Polled no faster than every 0.15 s: InnoDB refreshes its ``information_schema``
+    transaction cache only when it was last read more than 0.1 s ago, so faster
+    polling would keep reading the stale snapshot and never see the wait.
+    """
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        pause.wait(0.15)
+    return condition()
