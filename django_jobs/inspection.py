@@ -1,0 +1,260 @@
+"""What an operator asks of the queue: counts, blocked keys, stuck jobs, live processes.
+
+Shared by ``manage.py jobs`` (and meant for the admin): every query reads the
+small execution tables or an index range of ``Job`` (finished in the last
+hour), never the whole job history.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Min
+from django.utils import timezone
+
+from .conf import JobsSettings
+from .models import (
+    BlockedExecution,
+    ClaimedExecution,
+    Job,
+    JobStatus,
+    Pause,
+    Process,
+    ReadyExecution,
+    ScheduledExecution,
+    Semaphore,
+)
+from .queues import QueueSelector
+
+STATES = ("ready", "scheduled", "blocked", "running", "failed_last_hour", "finished_last_hour")
+STUCK_SAMPLE = 50
+
+
+@dataclass
+class BlockedKey:
+    key: str
+    limit: int | None
+    free: int | None
+    holders: int
+    blocked: int
+    oldest_blocked_at: datetime | None
+    lease_expires_at: datetime | None = None
+
+
+@dataclass
+class ProcessInfo:
+    id: int
+    kind: str
+    name: str
+    hostname: str
+    pid: int
+    last_heartbeat_at: datetime
+    alive: bool
+    running_jobs: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Snapshot:
+    taken_at: datetime
+    queues: dict[str, dict[str, int]]
+    paused: list[str]
+    blocked_keys: list[BlockedKey]
+    stuck: dict[str, list[int]]
+    processes: list[ProcessInfo]
+
+    def as_json(self) -> dict[str, Any]:
+        def encode(value: Any) -> Any:
+            if isinstance(value, datetime):
+                return value.isoformat()
+            if isinstance(value, dict):
+                return {k: encode(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [encode(v) for v in value]
+            return value
+
+        return encode(asdict(self))
+
+
+def queue_counts(db: str, now: datetime) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(STATES, 0))
+    tables = (
+        ("ready", ReadyExecution),
+        ("scheduled", ScheduledExecution),
+        ("blocked", BlockedExecution),
+        ("running", ClaimedExecution),
+    )
+    for state, table in tables:
+        rows = table.objects.using(db).values_list("queue_name").annotate(n=Count("pk"))
+        for queue, n in rows.values_list("queue_name", "n"):
+            counts[queue][state] = n
+    hour_ago = now - timedelta(hours=1)
+    finished = (
+        Job.objects.using(db)
+        .filter(
+            status__in=(JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DISCARDED),
+            finished_at__gte=hour_ago,
+        )
+        .values_list("queue_name", "status")
+        .annotate(n=Count("pk"))
+        .values_list("queue_name", "status", "n")
+    )
+    for queue, status, n in finished:
+        counts[queue]["finished_last_hour"] += n
+        if status == JobStatus.FAILED:
+            counts[queue]["failed_last_hour"] += n
+    return {queue: counts[queue] for queue in sorted(counts)}
+
+
+def blocked_keys(db: str, now: datetime) -> list[BlockedKey]:
+    groups = (
+        BlockedExecution.objects.using(db)
+        .values("concurrency_key")
+        .annotate(n=Count("pk"), oldest=Min("created_at"))
+        .order_by("concurrency_key")
+    )
+    result = []
+    for group in groups:
+        key = group["concurrency_key"]
+        semaphore = Semaphore.objects.using(db).filter(key=key).first()
+        claims = ClaimedExecution.objects.using(db).filter(concurrency_key=key)
+        live_claims = claims.exclude(lease_expires_at__lt=now).count()
+        ready = ReadyExecution.objects.using(db).filter(concurrency_key=key).count()
+        result.append(
+            BlockedKey(
+                key=key,
+                limit=semaphore.limit if semaphore else None,
+                free=semaphore.value if semaphore else None,
+                holders=ready + live_claims,
+                blocked=group["n"],
+                oldest_blocked_at=group["oldest"],
+                lease_expires_at=claims.aggregate(first=Min("lease_expires_at"))["first"],
+            )
+        )
+    return result
+
+
+def processes(db: str, now: datetime, conf: JobsSettings) -> list[ProcessInfo]:
+    running: dict[int, list[int]] = defaultdict(list)
+    for job_id, process_id in ClaimedExecution.objects.using(db).values_list(
+        "job_id", "process_id"
+    ):
+        running[process_id].append(job_id)
+    cutoff = now - timedelta(seconds=conf.alive_threshold)
+    return [
+        ProcessInfo(
+            id=p.pk,
+            kind=p.kind,
+            name=p.name,
+            hostname=p.hostname,
+            pid=p.pid,
+            last_heartbeat_at=p.last_heartbeat_at,
+            alive=p.last_heartbeat_at >= cutoff,
+            running_jobs=sorted(running.get(p.pk, [])),
+        )
+        for p in Process.objects.using(db).order_by("kind", "pk")
+    ]
+
+
+def stuck_jobs(
+    db: str, now: datetime, conf: JobsSettings, live: list[ProcessInfo], keys: list[BlockedKey]
+) -> dict[str, list[int]]:
+    """Job ids (at most ``STUCK_SAMPLE`` of each kind) for every way a job can be stuck."""
+    alive_ids = [p.id for p in live if p.alive]
+    dead_claims = (
+        ClaimedExecution.objects.using(db)
+        .exclude(process_id__in=alive_ids)
+        .order_by("job_id")
+        .values_list("job_id", flat=True)[:STUCK_SAMPLE]
+    )
+    behind_free_slot = [
+        job_id
+        for key in keys
+        if key.limit is not None and key.holders < key.limit
+        for job_id in BlockedExecution.objects.using(db)
+        .filter(concurrency_key=key.key)
+        .order_by("job_id")
+        .values_list("job_id", flat=True)[:STUCK_SAMPLE]
+    ][:STUCK_SAMPLE]
+    served = [
+        QueueSelector(tuple(metadata["queues"]))
+        for metadata in Process.objects.using(db)
+        .filter(pk__in=[p.id for p in live if p.alive and p.kind == Process.Kind.WORKER])
+        .values_list("metadata", flat=True)
+        if metadata and metadata.get("queues")
+    ]
+    paused = set(Pause.objects.using(db).values_list("queue_name", flat=True))
+    ready_queues = ReadyExecution.objects.using(db).values_list("queue_name", flat=True).distinct()
+    unserved = sorted(
+        q for q in ready_queues if q not in paused and not any(s.matches(q) for s in served)
+    )
+    unserved_jobs = (
+        ReadyExecution.objects.using(db)
+        .filter(queue_name__in=unserved)
+        .order_by("job_id")
+        .values_list("job_id", flat=True)[:STUCK_SAMPLE]
+    )
+    overdue_after = max(300.0, conf.dispatcher_interval * 10)
+    overdue = (
+        ScheduledExecution.objects.using(db)
+        .filter(scheduled_at__lt=now - timedelta(seconds=overdue_after))
+        .order_by("scheduled_at")
+        .values_list("job_id", flat=True)[:STUCK_SAMPLE]
+    )
+    return {
+        "claimed_by_dead_process": list(dead_claims),
+        "blocked_behind_free_slot": behind_free_slot,
+        "ready_in_unserved_queue": list(unserved_jobs),
+        "scheduled_long_past_due": list(overdue),
+        "running_far_too_long": running_too_long(db, now),
+    }
+
+
+def running_too_long(db: str, now: datetime, factor: float = 5.0) -> list[int]:
+    """Running jobs past ``factor`` times their task's usual (median recent) duration."""
+    running = list(
+        Job.objects.using(db)
+        .filter(status=JobStatus.RUNNING)
+        .order_by("last_attempted_at")
+        .values_list("pk", "task_path", "last_attempted_at")[:500]
+    )
+    usual: dict[str, float | None] = {}
+    late = []
+    for pk, task_path, began in running:
+        if task_path not in usual:
+            recent = (
+                Job.objects.using(db)
+                .filter(status=JobStatus.SUCCEEDED, task_path=task_path)
+                .order_by("-finished_at")
+                .values_list("last_attempted_at", "finished_at")[:50]
+            )
+            durations = sorted(
+                (end - start).total_seconds() for start, end in recent if start and end
+            )
+            usual[task_path] = durations[len(durations) // 2] if len(durations) >= 5 else None
+        median = usual[task_path]
+        if (
+            median is not None
+            and began
+            and (now - began).total_seconds() > max(1.0, median * factor)
+        ):
+            late.append(pk)
+    return late[:STUCK_SAMPLE]
+
+
+def snapshot(conf: JobsSettings | None = None) -> Snapshot:
+    conf = conf or JobsSettings.load()
+    db = conf.database
+    now = timezone.now()
+    keys = blocked_keys(db, now)
+    procs = processes(db, now, conf)
+    return Snapshot(
+        taken_at=now,
+        queues=queue_counts(db, now),
+        paused=sorted(Pause.objects.using(db).values_list("queue_name", flat=True)),
+        blocked_keys=keys,
+        stuck=stuck_jobs(db, now, conf, procs, keys),
+        processes=procs,
+    )

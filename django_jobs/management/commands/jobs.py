@@ -1,0 +1,82 @@
+"""``manage.py jobs``: the state of the queues in a terminal, or as JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from django_jobs.inspection import STATES, Snapshot, snapshot
+
+
+class Command(BaseCommand):
+    help = "Show per-queue counts, blocked concurrency keys, stuck jobs and live processes."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--json", action="store_true", help="Print one JSON document.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        state = snapshot()
+        if options["json"]:
+            self.stdout.write(json.dumps(state.as_json(), indent=2, sort_keys=True))
+            return
+        self.render(state)
+
+    def render(self, state: Snapshot) -> None:
+        out = self.stdout.write
+        out(self.style.MIGRATE_HEADING(f"Queues (at {state.taken_at:%Y-%m-%d %H:%M:%S %Z})"))
+        header = ["queue", *STATES]
+        rows = [
+            [queue + (" (paused)" if queue in state.paused else ""), *map(str, counts.values())]
+            for queue, counts in state.queues.items()
+        ]
+        out(table(header, rows) if rows else "  no jobs")
+        out(self.style.MIGRATE_HEADING("Blocked concurrency keys"))
+        key_rows = [
+            [
+                key.key,
+                str(key.limit),
+                str(key.holders),
+                str(key.blocked),
+                f"{key.oldest_blocked_at:%Y-%m-%d %H:%M:%S}" if key.oldest_blocked_at else "",
+            ]
+            for key in state.blocked_keys
+        ]
+        out(
+            table(["key", "limit", "holders", "blocked", "oldest blocked"], key_rows)
+            if key_rows
+            else "  none"
+        )
+        out(self.style.MIGRATE_HEADING("Stuck jobs"))
+        for kind, job_ids in state.stuck.items():
+            label = kind.replace("_", " ")
+            listed = ", ".join(map(str, job_ids[:10])) + (" ..." if len(job_ids) > 10 else "")
+            line = f"  {label}: {len(job_ids)}" + (f"  [{listed}]" if job_ids else "")
+            out(self.style.WARNING(line) if job_ids else line)
+        out(self.style.MIGRATE_HEADING("Processes"))
+        proc_rows = [
+            [
+                p.kind,
+                p.hostname,
+                str(p.pid),
+                f"{p.last_heartbeat_at:%H:%M:%S}",
+                "alive" if p.alive else "DEAD",
+                ", ".join(map(str, p.running_jobs)),
+            ]
+            for p in state.processes
+        ]
+        out(
+            table(["kind", "host", "pid", "heartbeat", "state", "running jobs"], proc_rows)
+            if proc_rows
+            else "  none running"
+        )
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
+    lines = ["  " + "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines += [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""``manage.py jobs``: each fact, and each way of being stuck, planted and then reported."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from django_jobs.models import JobStatus, Process
+from tests.factories import (
+    BlockedExecutionFactory,
+    ClaimedExecutionFactory,
+    FinishedJobFactory,
+    JobFactory,
+    PauseFactory,
+    ProcessFactory,
+    ReadyExecutionFactory,
+    ScheduledExecutionFactory,
+    SemaphoreFactory,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def report(*args: str) -> str:
+    out = StringIO()
+    call_command("jobs", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_counts_keys_processes_and_each_kind_of_stuck_job():
+    now = timezone.now()
+    worker = ProcessFactory(metadata={"queues": ["default"], "threads": 2})
+    dead = ProcessFactory(last_heartbeat_at=now - timedelta(hours=1))
+    orphan = ClaimedExecutionFactory(process=dead).job_id
+    running = ClaimedExecutionFactory(process=worker).job_id
+    ReadyExecutionFactory(job__queue_name="default")
+    unserved = ReadyExecutionFactory(job__queue_name="reports").job_id
+    ReadyExecutionFactory(job__queue_name="emails")
+    PauseFactory(queue_name="emails")
+    overdue = ScheduledExecutionFactory(scheduled_at=now - timedelta(hours=2)).job_id
+    SemaphoreFactory(key="free", limit=2, value=2)
+    behind = BlockedExecutionFactory(job__concurrency_key="free", concurrency_key="free").job_id
+    SemaphoreFactory(key="full", limit=1, value=0)
+    ReadyExecutionFactory(job=JobFactory(concurrency_key="full"), concurrency_key="full")
+    BlockedExecutionFactory(job__concurrency_key="full", concurrency_key="full")
+    FinishedJobFactory.create_batch(2)
+    FinishedJobFactory(status=JobStatus.FAILED)
+    for _ in range(5):  # usual duration of tests.tasks.add: one second
+        FinishedJobFactory(
+            last_attempted_at=now - timedelta(seconds=1), finished_at=now - timedelta(seconds=0)
+        )
+    slow = JobFactory(status=JobStatus.RUNNING, last_attempted_at=now - timedelta(minutes=5))
+
+    data = json.loads(report("--json"))
+
+    assert data["queues"]["default"]["ready"] == 2
+    assert data["queues"]["default"]["running"] == 2
+    assert data["queues"]["default"]["scheduled"] == 1
+    assert data["queues"]["default"]["blocked"] == 2
+    assert data["queues"]["default"]["finished_last_hour"] == 8
+    assert data["queues"]["default"]["failed_last_hour"] == 1
+    assert data["paused"] == ["emails"]
+    keys = {k["key"]: k for k in data["blocked_keys"]}
+    assert (keys["free"]["holders"], keys["free"]["limit"], keys["free"]["blocked"]) == (0, 2, 1)
+    assert (keys["full"]["holders"], keys["full"]["limit"]) == (1, 1)
+    assert data["stuck"] == {
+        "claimed_by_dead_process": [orphan],
+        "blocked_behind_free_slot": [behind],
+        "ready_in_unserved_queue": [unserved],
+        "scheduled_long_past_due": [overdue],
+        "running_far_too_long": [slow.pk],
+    }
+    by_id = {p["id"]: p for p in data["processes"]}
+    assert by_id[worker.pk]["alive"] and by_id[worker.pk]["running_jobs"] == [running]
+    assert not by_id[dead.pk]["alive"] and by_id[dead.pk]["running_jobs"] == [orphan]
+
+
+def test_human_report_names_every_section():
+    ReadyExecutionFactory()
+    ProcessFactory(kind=Process.Kind.DISPATCHER)
+    text = report()
+    for heading in ("Queues", "Blocked concurrency keys", "Stuck jobs", "Processes"):
+        assert heading in text
+    assert "default" in text and "dispatcher" in text
+    assert "ready in unserved queue: 1" in text
+
+
+def test_empty_queues():
+    text = report()
+    assert "no jobs" in text and "none running" in text
+    assert json.loads(report("--json"))["queues"] == {}
