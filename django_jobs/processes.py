@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Iterable
 from datetime import timedelta
 
 from django.utils import timezone
@@ -45,16 +46,20 @@ def deregister_process(db: str, process_id: int, reason: str) -> dict[int, str]:
     return outcomes
 
 
-def prune_dead_processes(db: str, alive_threshold: float) -> dict[int, str]:
+def prune_dead_processes(
+    db: str, alive_threshold: float, *, exclude: Iterable[int] = ()
+) -> dict[int, str]:
     """Recover the claims of every process past the alive threshold, then delete it.
 
     Also settles claims whose process row is already gone (a crash between a
     prune's recovery and its delete). Safe to run from several dispatchers:
-    each claim is recovered once under its row lock.
+    each claim is recovered once under its row lock. ``exclude``: rows known
+    to be alive whatever their heartbeat says (the caller's own, its supervisor's).
     """
     cutoff = timezone.now() - timedelta(seconds=alive_threshold)
     outcomes: dict[int, str] = {}
-    for process in Process.objects.using(db).filter(last_heartbeat_at__lt=cutoff):
+    stale = Process.objects.using(db).filter(last_heartbeat_at__lt=cutoff)
+    for process in stale.exclude(pk__in=[pk for pk in exclude if pk is not None]):
         reason = (
             f"{process.kind} {process.name} (pid {process.pid}) stopped heartbeating "
             f"at {process.last_heartbeat_at.isoformat()}"

@@ -34,4 +34,4 @@ def run_jobs(transactional_db, tmp_path):
 
     yield start
     for proc in started:
-        proc.kill()
+        proc.close()

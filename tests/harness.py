@@ -114,22 +114,55 @@ class RunJobs:
     def wait_for_output(self, text: str, timeout: float = 20.0) -> None:
         wait_until(lambda: text in self.output(), timeout, what=f"{text!r} in run_jobs output")
 
+    def count(self, text: str) -> int:
+        """How many times ``text`` appears in the output so far."""
+        return self.output().count(text)
+
+    def tree(self) -> list[int]:
+        """The pids of every live descendant (worker and dispatcher children, ...)."""
+        return descendant_pids(self.pid) if self.proc is not None else []
+
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-        # Children live in their own process groups: make sure none outlives the test.
-        for pid in child_pids(self.pid) if self.proc else []:
+        """SIGKILL the whole tree at once: no process of it gets to clean anything up.
+
+        The parent is frozen first (SIGSTOP) so it can neither start a new child
+        nor see one die, then every descendant and the parent are killed.
+        Children must be found while the parent lives: once it is gone they are
+        reparented and no longer recognisable by their parent pid.
+        """
+        if self.proc is None:
+            return
+        alive = self.proc.poll() is None
+        if alive:
+            self.proc.send_signal(signal.SIGSTOP)
+        for pid in [*self.tree(), self.pid] if alive else self.tree():
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if alive:
+            self.proc.wait(10)
+
+    def close(self) -> None:
+        """Teardown: kill whatever is left of the tree, close the log."""
+        self.kill()
         if hasattr(self, "log"):
             self.log.close()
 
 
+def descendant_pids(root: int) -> list[int]:
+    """Every live process below ``root`` (children first, then theirs)."""
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        children = [pid for parent in frontier for pid in child_pids(parent)]
+        found += children
+        frontier = children
+    return found
+
+
 def child_pids(parent: int) -> list[int]:
-    """Processes whose parent is ``parent`` (or were, before it died: by command line)."""
+    """Processes whose parent is ``parent``."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -142,3 +175,40 @@ def child_pids(parent: int) -> list[int]:
         if ppid == parent:
             pids.append(int(entry.name))
     return pids
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+# -- Reading jobs back (models imported late: this module loads before Django is set up).
+
+
+def job_row(result_or_id: Any):
+    """The ``Job`` row of a ``TaskResult`` (or of a job id), fresh from the database."""
+    from django_jobs.models import Job
+
+    job_id = getattr(result_or_id, "id", result_or_id)
+    return Job.objects.get(pk=int(job_id))
+
+
+def error_paths(result_or_id: Any) -> list[str]:
+    """Exception class paths of a job's failed attempts, in attempt order."""
+    from django_jobs.models import FailedExecution
+
+    job_id = getattr(result_or_id, "id", result_or_id)
+    return list(
+        FailedExecution.objects.filter(job_id=int(job_id))
+        .order_by("attempt", "pk")
+        .values_list("exception_class_path", flat=True)
+    )
+
+
+def runs_of(log: Path) -> list[str]:
+    """Labels a ``tests.tasks.record_run`` job appended to ``log``, one per run."""
+    return log.read_text().split() if log.exists() else []

@@ -56,10 +56,34 @@ async def async_double(value: int) -> int:
     return value * 2
 
 
-def not_a_task() -> str:
-    """A plain function: a job naming it must fail without running it."""
-    Path("/tmp/django-jobs-not-a-task-ran").write_text("ran")
+def not_a_task(path: str = "/tmp/django-jobs-not-a-task-ran") -> str:
+    """A plain function: a job naming it must fail without running it (else ``path`` appears)."""
+    Path(path).write_text("ran")
     return "ran"
+
+
+@task
+def record_run(log: str, label: str, seconds: float = 0.0, marker: str | None = None) -> str:
+    """Appends ``label`` to the file ``log`` each time it runs (order and count of runs),
+    touches ``marker`` once running, then sleeps ``seconds``."""
+    with open(log, "a") as f:
+        f.write(f"{label}\n")
+    if marker:
+        Path(marker).write_text("started")
+    time.sleep(seconds)
+    return label
+
+
+@task(takes_context=True)
+def slow_first_attempt(context, log: str, label: str, seconds: float, marker: str) -> int:
+    """Like ``record_run``, but only attempt 1 is slow (and touches ``marker``): a test can
+    interrupt that one and watch the retry finish at once. Returns the attempt number."""
+    with open(log, "a") as f:
+        f.write(f"{label}\n")
+    if context.attempt == 1:
+        Path(marker).write_text("started")
+        time.sleep(seconds)
+    return context.attempt
 
 
 @task

@@ -16,12 +16,29 @@ logger = logging.getLogger("django_jobs.dispatcher")
 
 
 class Dispatcher:
-    def __init__(self, conf: JobsSettings, lifecycle: Lifecycle, *, once: bool = False) -> None:
+    """Promotes due jobs, prunes dead processes, runs maintenance.
+
+    ``alive``: process rows known to be alive whatever their heartbeat says: the
+    dispatcher's own (or, in single-process mode, its worker's) and its
+    supervisor's (a child notices within a second when its supervisor is gone).
+    """
+
+    def __init__(
+        self,
+        conf: JobsSettings,
+        lifecycle: Lifecycle,
+        *,
+        once: bool = False,
+        alive: tuple[int | None, ...] = (),
+    ) -> None:
         self.conf = conf
         self.db = conf.database
         self.lifecycle = lifecycle
         self.once = once
+        self.alive = alive
         self.next_maintenance = 0.0
+        # No pruning before this (monotonic) time; None: not until the database answers.
+        self.prune_after: float | None = 0.0
 
     def run(self) -> None:
         backoff = Backoff(self.conf.db_retry_max_delay)
@@ -31,11 +48,25 @@ class Dispatcher:
                 backoff.reset()
             except DB_ERRORS as exc:
                 reset_connection(self.db)
+                # While the database was away nobody could heartbeat: a stale
+                # heartbeat then says nothing about death. Once it is back, give
+                # every live process time to heartbeat before pruning anyone.
+                self.prune_after = None
                 delay = backoff.next()
                 logger.warning("database unavailable (%s); retrying in %.2fs", exc, delay)
                 self.lifecycle.sleep(delay)
                 continue
+            if self.prune_after is None:
+                self.prune_after = time.monotonic() + self.grace()
+                logger.info(
+                    "database reachable again; pruning dead processes resumes in %.1fs",
+                    self.grace(),
+                )
             self.lifecycle.sleep(self.conf.dispatcher_interval)
+
+    def grace(self) -> float:
+        """Long enough for every live process's heartbeat thread to get through once."""
+        return 2 * self.conf.heartbeat_interval + 1.0
 
     def tick(self) -> None:
         promoted = 0
@@ -46,7 +77,8 @@ class Dispatcher:
                 break
         if promoted:
             logger.debug("promoted %d scheduled job(s)", promoted)
-        prune_dead_processes(self.db, self.conf.alive_threshold)
+        if self.prune_after is not None and time.monotonic() >= self.prune_after:
+            prune_dead_processes(self.db, self.conf.alive_threshold, exclude=self.alive)
         now = time.monotonic()
         if now >= self.next_maintenance:
             self.next_maintenance = now + self.conf.maintenance_interval

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import close_old_connections
@@ -14,7 +15,7 @@ from django.tasks.signals import task_finished, task_started
 from ..claims import ErrorInfo, fail_job, finish_job, release_job, start_job
 from ..exceptions import TaskNotFound
 from ..loading import load_task
-from ..models import Job
+from ..models import Job, JobStatus
 from ..results import build_result
 from ..serialization import json_return_value
 from .db_retry import retry_until_done
@@ -75,6 +76,39 @@ def persist(ctx: ExecutionContext, what: str, action):
     )
 
 
+def start_once(job: Job, ctx: ExecutionContext) -> Callable[[], bool]:
+    """``start_job`` made safe to retry after an error that hid a successful commit.
+
+    A connection lost during COMMIT leaves us not knowing whether the attempt
+    was counted; counting it again would make ``attempts`` lie. Only our own
+    start turns our claimed job RUNNING, so on a retry that state means it did.
+    """
+    tried = False
+
+    def action() -> bool:
+        nonlocal tried
+        if tried:
+            row = (
+                Job.objects.using(ctx.db)
+                .filter(
+                    pk=job.pk,
+                    status=JobStatus.RUNNING,
+                    claimed_execution__process_id=ctx.process_id,
+                )
+                .values("attempts", "worker_ids", "started_at", "last_attempted_at")
+                .first()
+            )
+            if row is not None:
+                for name, value in row.items():
+                    setattr(job, name, value)
+                job.status = JobStatus.RUNNING
+                return True
+        tried = True
+        return start_job(ctx.db, job, ctx.process_id, ctx.worker_id)
+
+    return action
+
+
 def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
     try:
         task = load_task(job.task_path)
@@ -97,9 +131,7 @@ def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
         logger.info("job handed back %s (shutting down before it started)", describe(job))
         return
 
-    started = persist(
-        ctx, f"starting job {job.pk}", lambda: start_job(ctx.db, job, ctx.process_id, ctx.worker_id)
-    )
+    started = persist(ctx, f"starting job {job.pk}", start_once(job, ctx))
     if not started:
         logger.warning("job %s: claim lost before start (process pruned?); not running it", job.pk)
         return

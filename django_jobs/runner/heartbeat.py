@@ -31,10 +31,17 @@ class Heartbeat(threading.Thread):
                 reset_connection(self.db)
                 logger.warning("heartbeat failed, database unavailable: %s", exc)
                 continue
+            except Exception:
+                # Never let the thread die: a process without heartbeats is pruned
+                # as dead while it still runs jobs.
+                logger.exception("heartbeat failed")
+                reset_connection(self.db)
+                continue
             if not alive:
                 # Pruned as dead (a long pause, a clock jump): our claims were
                 # recovered by someone else. Stop; the supervisor starts a fresh one.
                 logger.error("process row %s was pruned; stopping", self.process_id)
+                self.lifecycle.pruned = True
                 self.lifecycle.request_stop("pruned as dead")
                 break
         close_old_connections()

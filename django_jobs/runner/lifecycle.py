@@ -20,6 +20,10 @@ class Lifecycle:
         self.immediate = threading.Event()
         self.wake = threading.Event()
         self.on_immediate: Callable[[], None] | None = None
+        # Set when this process found its registry row deleted (pruned as dead by
+        # someone else): it stops, and ``run_jobs`` exits non-zero so that a process
+        # manager starts a fresh one.
+        self.pruned = False
 
     def request_stop(self, reason: str = "") -> None:
         if not self.stopping.is_set():

@@ -20,7 +20,7 @@ logger = logging.getLogger("django_jobs.supervisor")
 
 
 def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool = False) -> bool:
-    """Run until stopped; True if job threads were abandoned at the shutdown timeout."""
+    """Run until stopped; True if job threads were abandoned (shutdown timeout, immediate stop)."""
     with registered(
         conf, lifecycle, Process.Kind.WORKER, metadata={"single_process": True}
     ) as process:
@@ -28,7 +28,7 @@ def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool =
             return False
         dispatcher_lifecycle = Lifecycle()
         dispatcher = threading.Thread(
-            target=Dispatcher(conf, dispatcher_lifecycle).run,
+            target=Dispatcher(conf, dispatcher_lifecycle, alive=(process.pk,)).run,
             name="django-jobs-dispatcher",
             daemon=True,
         )
@@ -46,6 +46,6 @@ def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool =
         finally:
             dispatcher_lifecycle.stopping.set()
             dispatcher_lifecycle.wake.set()
-            dispatcher.join(conf.shutdown_timeout + 5)
+            dispatcher.join(1.0 if lifecycle.immediate.is_set() else conf.shutdown_timeout + 5)
     logger.info("worker stopped: %s", process.name)
     return bool(worker.abandoned)

@@ -51,7 +51,7 @@ def run_role(
         if kind == Process.Kind.WORKER:
             Worker(conf, process.pk, process.name, lifecycle).run()
         else:
-            Dispatcher(conf, lifecycle).run()
+            Dispatcher(conf, lifecycle, alive=(process.pk, supervisor_id)).run()
     logger.info("%s stopped: %s", kind, process.name)
 
 

@@ -57,6 +57,8 @@ class Worker:
         # Jobs still running when shutdown gave up on them: their threads cannot be
         # killed, so the process must exit without joining them.
         self.abandoned = 0
+        # A claim whose COMMIT lost its connection may have gone through anyway.
+        self.claims_in_doubt = False
 
     def idle_threads(self) -> int:
         with self.lock:
@@ -71,10 +73,14 @@ class Worker:
                 claimed = 0
                 if limit > 0:
                     try:
+                        if self.claims_in_doubt:
+                            self.release_orphaned_claims()
                         claimed = self.claim_and_submit(limit)
                         backoff.reset()
                     except DB_ERRORS as exc:
                         reset_connection(self.db)
+                        # The error may have hidden a committed claim.
+                        self.claims_in_doubt = True
                         delay = backoff.next()
                         logger.warning(
                             "database unavailable while claiming (%s); retrying in %.2fs",
@@ -107,6 +113,23 @@ class Worker:
         mine = ClaimedExecution.objects.using(self.db).filter(process_id=self.process_id)
         return not ready.exists() and not mine.exists()
 
+    def release_orphaned_claims(self) -> None:
+        """Hand back claims of ours that no thread runs (their claim's commit seemed
+        to fail but went through): never started, they cost no attempt. Only this
+        thread claims, so every other claim of this process is in ``running``."""
+        with self.lock:
+            running = list(self.running)
+        orphans = list(
+            ClaimedExecution.objects.using(self.db)
+            .filter(process_id=self.process_id)
+            .exclude(job_id__in=running)
+            .values_list("job_id", flat=True)
+        )
+        for job_id in orphans:
+            if release_job(self.db, job_id, self.process_id):
+                logger.warning("handed back job %s: claimed, but the claim seemed lost", job_id)
+        self.claims_in_doubt = False
+
     def claim_and_submit(self, limit: int) -> int:
         jobs = claim_jobs(self.db, self.process_id, self.selector, limit, self.conf.max_concurrency)
         for job in jobs:
@@ -125,12 +148,16 @@ class Worker:
 
     def shutdown(self) -> None:
         """Let running jobs finish up to the shutdown timeout; settle the rest."""
-        if self.lifecycle.immediate.is_set():
-            return
         deadline = time.monotonic() + self.conf.shutdown_timeout
         while self.running and time.monotonic() < deadline:
             if self.lifecycle.immediate.wait(0.05):
-                return
+                break
+        if self.lifecycle.immediate.is_set():
+            # Stop now: what still runs is abandoned (the process must exit without
+            # joining those threads) and its claims are left to whoever recovers them.
+            with self.lock:
+                self.abandoned = len(self.running)
+            return
         with self.lock:
             leftovers = list(self.running.values())
         for job in leftovers:

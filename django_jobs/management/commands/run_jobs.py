@@ -85,12 +85,18 @@ class Command(BaseCommand):
         lifecycle = Lifecycle()
         lifecycle.install_signal_handlers()
         prune_stale(conf)
+        # Pruned as dead by another process: exit non-zero, for a process manager to restart.
         if options["once"] or conf.single_process:
-            if run_single_process(conf, lifecycle, once=options["once"]):
+            abandoned = run_single_process(conf, lifecycle, once=options["once"])
+            code = 1 if lifecycle.pruned else 0
+            if abandoned:
                 # Threads of jobs cut off at the shutdown timeout cannot be joined.
                 logging.shutdown()
                 sys.stdout.flush()
                 sys.stderr.flush()
-                os._exit(0)
+                os._exit(code)
         else:
             Supervisor(conf, lifecycle, overrides, verbosity).run()
+            code = 1 if lifecycle.pruned else 0
+        if code:
+            raise CommandError("stopped: this process was pruned as dead", returncode=code)
