@@ -87,6 +87,11 @@ def lock_semaphore(db: str, key: str, limit: int) -> Semaphore:
     return semaphore
 
 
+def lock_existing_semaphore(db: str, key: str) -> Semaphore | None:
+    """Lock ``key``'s semaphore row if it exists (it does for every key with a waiting job)."""
+    return Semaphore.objects.using(db).select_for_update().filter(key=key).first()
+
+
 def admit_to_key(db: str, key: str, jobs: list[Job]) -> None:
     limit = max(job.concurrency_limit or 1 for job in jobs)
     semaphore = lock_semaphore(db, key, limit)

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Min
+from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from .conf import JobsSettings
@@ -108,10 +109,13 @@ def queue_counts(db: str, now: datetime) -> dict[str, dict[str, int]]:
     return {queue: counts[queue] for queue in sorted(counts)}
 
 
-def blocked_keys(db: str, now: datetime) -> list[BlockedKey]:
+def blocked_keys(db: str, now: datetime, keys: list[str] | None = None) -> list[BlockedKey]:
+    """Every key with blocked jobs (or only ``keys``): its limit, holders and waiters."""
+    rows = BlockedExecution.objects.using(db)
+    if keys is not None:
+        rows = rows.filter(concurrency_key__in=keys)
     groups = (
-        BlockedExecution.objects.using(db)
-        .values("concurrency_key")
+        rows.values("concurrency_key")
         .annotate(n=Count("pk"), oldest=Min("created_at"))
         .order_by("concurrency_key")
     )
@@ -258,3 +262,62 @@ def snapshot(conf: JobsSettings | None = None) -> Snapshot:
         stuck=stuck_jobs(db, now, conf, procs, keys),
         processes=procs,
     )
+
+
+@dataclass
+class Holder:
+    """A job counted against its key's limit: ready (admitted, not yet claimed) or claimed."""
+
+    job_id: int
+    state: str
+    since: datetime
+    process_id: int | None = None
+    lease_expires_at: datetime | None = None
+
+
+def key_holders(db: str, key: str, limit: int = STUCK_SAMPLE) -> list[Holder]:
+    """The jobs holding ``key``'s slots, claimed ones first (read through the key indexes)."""
+    claimed = (
+        ClaimedExecution.objects.using(db)
+        .filter(concurrency_key=key)
+        .order_by("created_at")
+        .values_list("job_id", "created_at", "process_id", "lease_expires_at")[:limit]
+    )
+    holders = [
+        Holder(job_id, "claimed", since, process_id, lease)
+        for job_id, since, process_id, lease in claimed
+    ]
+    ready = (
+        ReadyExecution.objects.using(db)
+        .filter(concurrency_key=key)
+        .order_by("created_at")
+        .values_list("job_id", "created_at")[: max(0, limit - len(holders))]
+    )
+    holders += [Holder(job_id, "ready", since) for job_id, since in ready]
+    return holders
+
+
+def finished_per_minute(db: str, now: datetime, minutes: int = 60) -> list[dict[str, Any]]:
+    """Succeeded and failed jobs per minute over the last ``minutes``, oldest first.
+
+    Reads the ``(status, finished_at)`` index range of the last hour only, and
+    counts in the database, so its cost follows the hour's throughput, not the
+    table's size.
+    """
+    end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    start = end - timedelta(minutes=minutes)
+    buckets = {start + timedelta(minutes=i): {"succeeded": 0, "failed": 0} for i in range(minutes)}
+    rows = (
+        Job.objects.using(db)
+        .filter(status__in=(JobStatus.SUCCEEDED, JobStatus.FAILED), finished_at__gte=start)
+        .annotate(minute=TruncMinute("finished_at"))
+        .values_list("minute", "status")
+        .annotate(n=Count("pk"))
+        .values_list("minute", "status", "n")
+        .order_by()
+    )
+    for minute, status, n in rows:
+        bucket = buckets.get(minute)
+        if bucket is not None:
+            bucket[str(status)] += n
+    return [{"minute": minute, **counts} for minute, counts in buckets.items()]

@@ -260,3 +260,29 @@ class Pause(models.Model):
 
     def __str__(self) -> str:
         return self.queue_name
+
+
+# Admin pages that are not a plain list of one table. Proxies give each page an
+# entry in the admin's app index; their permissions are the ``Job`` model's
+# (see ``django_jobs.admin.permissions``), so they create none of their own.
+
+
+class Dashboard(Job):
+    class Meta:
+        proxy = True
+        verbose_name = verbose_name_plural = "dashboard"
+        default_permissions = ()
+
+
+class StuckJob(Job):
+    class Meta:
+        proxy = True
+        verbose_name = "stuck job"
+        default_permissions = ()
+
+
+class BlockedKey(Semaphore):
+    class Meta:
+        proxy = True
+        verbose_name = "blocked key"
+        default_permissions = ()

@@ -1,0 +1,260 @@
+"""The job list (filters, search, bulk actions) and one job's page (timeline, attempts, actions)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from .. import operations
+from ..conf import JobsSettings
+from ..models import (
+    BlockedExecution,
+    ClaimedExecution,
+    Job,
+    JobStatus,
+    ReadyExecution,
+    ScheduledExecution,
+)
+from .base import JobsPermissionsMixin
+from .filters import ConcurrencyKeyFilter, FinishedSinceFilter, QueueFilter, TaskFilter
+from .pagination import COUNT_CAP, CappedCountPaginator
+
+# What each state allows (the operations re-check under their locks).
+RETRYABLE = {JobStatus.FAILED}
+DISCARDABLE = {JobStatus.READY, JobStatus.SCHEDULED, JobStatus.BLOCKED, JobStatus.FAILED}
+
+
+def jobs_db() -> str:
+    return JobsSettings.load().database
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def current_execution(job: Job) -> dict[str, Any] | None:
+    """The execution row the job is in now, as label/value pairs for the detail page."""
+    db = jobs_db()
+    claim = ClaimedExecution.objects.using(db).filter(job_id=job.pk).select_related("process")
+    claim = claim.first()
+    if claim is not None:
+        process = claim.process
+        return {
+            "table": "claimed",
+            "rows": [
+                (
+                    "Process",
+                    f"{process.name} on {process.hostname} (pid {process.pid})"
+                    if process
+                    else f"#{claim.process_id} (no longer registered)",
+                ),
+                ("Claimed at", claim.created_at),
+                ("Lease expires at", claim.lease_expires_at or "no lease"),
+            ],
+        }
+    for table, model, fields in (
+        ("ready", ReadyExecution, [("Ready since", "created_at")]),
+        ("scheduled", ScheduledExecution, [("Due at", "scheduled_at")]),
+        (
+            "blocked",
+            BlockedExecution,
+            [("Blocked since", "created_at"), ("Waiting on key", "concurrency_key")],
+        ),
+    ):
+        row = model.objects.using(db).filter(job_id=job.pk).first()
+        if row is not None:
+            return {
+                "table": table,
+                "rows": [("Queue", row.queue_name), ("Priority", row.priority)]
+                + [(label, getattr(row, name)) for label, name in fields],
+            }
+    return None
+
+
+@admin.register(Job)
+class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
+    list_display = (
+        "id",
+        "task_name",
+        "queue_name",
+        "state",
+        "priority",
+        "attempts_display",
+        "concurrency_key",
+        "enqueued_at",
+        "finished_at",
+    )
+    list_display_links = ("id", "task_name")
+    list_filter = ("status", QueueFilter, TaskFilter, ConcurrencyKeyFilter, FinishedSinceFilter)
+    search_fields = ("id",)  # replaced by get_search_results; enables the search box
+    search_help_text = "A job id, or text in its arguments (the latter reads every job)."
+    ordering = ("-id",)
+    list_per_page = 50
+    list_max_show_all = 200
+    show_full_result_count = False
+    paginator = CappedCountPaginator
+    actions = ("retry_selected", "discard_selected", "run_selected_now")
+    change_list_template = "admin/django_jobs/job/change_list.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).using(jobs_db())
+
+    # --- list columns -----------------------------------------------------------------
+
+    @admin.display(description="task", ordering="task_path")
+    def task_name(self, job: Job) -> str:
+        return job.task_path.rsplit(".", 1)[-1]
+
+    @admin.display(description="state", ordering="status")
+    def state(self, job: Job) -> str:
+        return format_html('<span class="jobs-state jobs-{}">{}</span>', job.status, job.status)
+
+    @admin.display(description="attempts")
+    def attempts_display(self, job: Job) -> str:
+        return f"{job.attempts}/{job.max_attempts}"
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str):
+        term = search_term.strip().lstrip("#")
+        if not term:
+            return queryset, False
+        if term.isdigit():
+            return queryset.filter(pk=int(term)), False
+        return queryset.filter(Q(args__icontains=term) | Q(kwargs__icontains=term)), False
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        return super().changelist_view(request, {"count_cap": COUNT_CAP, **(extra_context or {})})
+
+    # --- one job's page ------------------------------------------------------------------
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None
+    ):
+        if request.method != "GET":
+            raise PermissionDenied("use the job's action buttons")
+        job = self.get_object(request, object_id)
+        if job is None:
+            raise Http404(f"no job {object_id}")
+        if not self.has_view_permission(request, job):
+            raise PermissionDenied
+        can_act = self.has_change_permission(request, job)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Job #{job.pk}: {job.task_path}",
+            "job": job,
+            "args_json": json.dumps(job.args, indent=2, ensure_ascii=False),
+            "kwargs_json": json.dumps(job.kwargs, indent=2, ensure_ascii=False),
+            "return_json": json.dumps(job.return_value, indent=2, ensure_ascii=False),
+            "attempts": job.failures.using(jobs_db()).order_by("attempt", "pk"),
+            "execution": current_execution(job),
+            "can_retry": can_act and job.status in RETRYABLE,
+            "can_discard": can_act and job.status in DISCARDABLE,
+            "can_run_now": can_act and job.status == JobStatus.BLOCKED,
+        }
+        return TemplateResponse(request, "admin/django_jobs/job/detail.html", context)
+
+    def get_urls(self):
+        def wrap(view):
+            return self.admin_site.admin_view(view)
+
+        return [
+            path("<int:job_id>/retry/", wrap(self.retry_view), name="django_jobs_job_retry"),
+            path("<int:job_id>/discard/", wrap(self.discard_view), name="django_jobs_job_discard"),
+            path("<int:job_id>/run-now/", wrap(self.run_now_view), name="django_jobs_job_run_now"),
+            *super().get_urls(),
+        ]
+
+    def job_url(self, job_id: int) -> str:
+        return reverse(f"{self.admin_site.name}:django_jobs_job_change", args=[job_id])
+
+    def check_can_act(self, request: HttpRequest) -> None:
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+
+    def retry_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
+        self.check_can_act(request)
+        if request.method != "POST":
+            return HttpResponse(status=405)
+        if operations.retry_failed_job(jobs_db(), job_id):
+            messages.success(request, f"Job #{job_id} will be retried: it is queued again.")
+        else:
+            messages.warning(request, f"Job #{job_id} was not retried: it is no longer failed.")
+        return HttpResponseRedirect(self.job_url(job_id))
+
+    def discard_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
+        self.check_can_act(request)
+        if request.method != "POST":
+            return HttpResponse(status=405)
+        if operations.discard(jobs_db(), job_id):
+            messages.success(request, f"Job #{job_id} was discarded.")
+        else:
+            messages.warning(
+                request,
+                f"Job #{job_id} was not discarded: it is running or claimed, or already finished.",
+            )
+        return HttpResponseRedirect(self.job_url(job_id))
+
+    def run_now_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
+        """GET asks for confirmation (it bypasses the limit); POST does it."""
+        self.check_can_act(request)
+        job = get_object_or_404(Job.objects.using(jobs_db()), pk=job_id)
+        if request.method == "POST":
+            return self.run_now(request, [job_id], redirect_to=self.job_url(job_id))
+        return self.confirm_run_now(request, [job])
+
+    # --- bulk actions --------------------------------------------------------------------
+
+    @admin.action(description="Retry selected failed jobs", permissions=["change"])
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        ids = list(queryset.values_list("pk", flat=True))
+        done = operations.retry_failed_jobs(jobs_db(), ids)
+        self.report(request, done, len(ids), "retried", "they were not failed")
+
+    @admin.action(description="Discard selected waiting or failed jobs", permissions=["change"])
+    def discard_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        ids = list(queryset.values_list("pk", flat=True))
+        done = operations.discard_many(jobs_db(), ids)
+        self.report(request, done, len(ids), "discarded", "they were running or finished")
+
+    @admin.action(
+        description="Run selected blocked jobs now, past their limit", permissions=["change"]
+    )
+    def run_selected_now(self, request: HttpRequest, queryset: QuerySet):
+        if request.POST.get("confirmed") == "yes":
+            return self.run_now(request, list(queryset.values_list("pk", flat=True)))
+        return self.confirm_run_now(request, list(queryset[:200]))
+
+    def run_now(
+        self, request: HttpRequest, ids: list[int], redirect_to: str | None = None
+    ) -> HttpResponse | None:
+        db = jobs_db()
+        done = sum(operations.run_blocked_now(db, job_id) for job_id in sorted(set(ids)))
+        self.report(request, done, len(ids), "made ready past their limit", "they were not blocked")
+        return HttpResponseRedirect(redirect_to) if redirect_to else None
+
+    def confirm_run_now(self, request: HttpRequest, jobs: list[Job]) -> TemplateResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Run blocked jobs now?",
+            "jobs": jobs,
+            "blocked": [job for job in jobs if job.status == JobStatus.BLOCKED],
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            "single": request.resolver_match.url_name == "django_jobs_job_run_now",
+        }
+        return TemplateResponse(request, "admin/django_jobs/job/run_now_confirm.html", context)
+
+    def report(self, request: HttpRequest, done: int, asked: int, verb: str, why: str) -> None:
+        if done:
+            messages.success(request, f"{plural(done, 'job')} {verb}.")
+        if asked - done:
+            messages.warning(request, f"{plural(asked - done, 'job')} not {verb}: {why}.")

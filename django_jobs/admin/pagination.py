@@ -1,0 +1,23 @@
+"""A paginator that never counts more rows than it could ever page through."""
+
+from __future__ import annotations
+
+from django.core.paginator import Paginator
+from django.utils.functional import cached_property
+
+COUNT_CAP = 10_000
+
+
+class CappedCountPaginator(Paginator):
+    """Counts at most ``COUNT_CAP + 1`` rows, so a page load costs the same with a
+    hundred jobs or a hundred million: ``COUNT(*)`` over a subquery with a LIMIT
+    stops at the cap instead of scanning the table. The pages past the cap are
+    not offered; filters narrow the list instead.
+    """
+
+    @cached_property
+    def count(self) -> int:
+        object_list = self.object_list
+        if hasattr(object_list, "count") and hasattr(object_list, "query"):
+            return object_list[: COUNT_CAP + 1].count()
+        return min(len(object_list), COUNT_CAP + 1)

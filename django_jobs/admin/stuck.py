@@ -1,0 +1,72 @@
+"""Every way a job can be stuck, with how many and which, and what to do about it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.utils import timezone
+
+from .. import inspection
+from ..conf import JobsSettings
+from ..models import Job, StuckJob
+from .base import PageAdmin
+
+KINDS = {
+    "claimed_by_dead_process": (
+        "Claimed by a dead process",
+        "Its process stopped heartbeating. A running dispatcher recovers these claims once "
+        "the process is past the alive threshold: never started, the job is handed back; "
+        "started, the attempt fails and is retried if attempts remain.",
+    ),
+    "blocked_behind_free_slot": (
+        "Blocked although its key has a free slot",
+        "The key's free count has drifted. Reconcile the key on the blocked page: it "
+        "recounts the holders under the key's lock and promotes what fits.",
+    ),
+    "ready_in_unserved_queue": (
+        "Ready in a queue no live worker serves",
+        "No running worker lists this queue. Start one with --queues naming it (or '*').",
+    ),
+    "scheduled_long_past_due": (
+        "Scheduled, long past due",
+        "Due jobs are promoted by the dispatcher; none seems to be running.",
+    ),
+    "running_far_too_long": (
+        "Running far longer than usual",
+        "Running over five times its task's median duration (of its last 50 successes). "
+        "It may be hung; it cannot be discarded while it runs.",
+    ),
+}
+
+
+@admin.register(StuckJob)
+class StuckJobAdmin(PageAdmin):
+    template_name = "admin/django_jobs/stuck.html"
+    title = "Stuck jobs"
+
+    def page_context(self, request: HttpRequest) -> dict[str, Any]:
+        conf = JobsSettings.load()
+        db = conf.database
+        now = timezone.now()
+        procs = inspection.processes(db, now, conf)
+        keys = inspection.blocked_keys(db, now)
+        stuck = inspection.stuck_jobs(db, now, conf, procs, keys)
+        ids = {job_id for found in stuck.values() for job_id in found}
+        jobs = Job.objects.using(db).in_bulk(ids)
+        return {
+            "sample": inspection.STUCK_SAMPLE,
+            "kinds": [
+                {
+                    "name": name,
+                    "title": title,
+                    "help": help_text,
+                    "count": len(stuck[name]),
+                    "capped": len(stuck[name]) >= inspection.STUCK_SAMPLE,
+                    "jobs": [jobs[i] for i in stuck[name] if i in jobs],
+                }
+                for name, (title, help_text) in KINDS.items()
+            ],
+            "total": len(ids),
+        }
