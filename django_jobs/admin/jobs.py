@@ -24,9 +24,9 @@ from ..models import (
     ReadyExecution,
     ScheduledExecution,
 )
+from . import pagination
 from .base import JobsPermissionsMixin
 from .filters import ConcurrencyKeyFilter, FinishedSinceFilter, QueueFilter, TaskFilter
-from .pagination import COUNT_CAP, CappedCountPaginator
 
 # What each state allows (the operations re-check under their locks).
 RETRYABLE = {JobStatus.FAILED}
@@ -101,7 +101,7 @@ class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
     list_per_page = 50
     list_max_show_all = 200
     show_full_result_count = False
-    paginator = CappedCountPaginator
+    paginator = pagination.CappedCountPaginator
     actions = ("retry_selected", "discard_selected", "run_selected_now")
     change_list_template = "admin/django_jobs/job/change_list.html"
 
@@ -129,9 +129,6 @@ class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
         if term.isdigit():
             return queryset.filter(pk=int(term)), False
         return queryset.filter(Q(args__icontains=term) | Q(kwargs__icontains=term)), False
-
-    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
-        return super().changelist_view(request, {"count_cap": COUNT_CAP, **(extra_context or {})})
 
     # --- one job's page ------------------------------------------------------------------
 

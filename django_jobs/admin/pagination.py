@@ -15,6 +15,10 @@ class CappedCountPaginator(Paginator):
     not offered; filters narrow the list instead.
     """
 
+    @property
+    def cap(self) -> int:
+        return COUNT_CAP
+
     @cached_property
     def count(self) -> int:
         object_list = self.object_list

@@ -1,0 +1,377 @@
+"""The jobs admin through Django's test client: what each page shows, what each action
+does, who may do it, and that no page load counts or scans the whole job table."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from django_jobs import task as jobs_task
+from django_jobs.admin import filters, pagination
+from django_jobs.claims import claim_jobs, start_job
+from django_jobs.models import (
+    BlockedExecution,
+    ClaimedExecution,
+    Job,
+    JobStatus,
+    Pause,
+    ReadyExecution,
+    Semaphore,
+)
+from django_jobs.processes import register_process
+from django_jobs.queues import QueueSelector
+from tests import tasks
+from tests.factories import (
+    FailedExecutionFactory,
+    FinishedJobFactory,
+    JobFactory,
+    PauseFactory,
+    ProcessFactory,
+    ReadyExecutionFactory,
+    ScheduledExecutionFactory,
+)
+
+pytestmark = pytest.mark.django_db
+
+one_at_a_time = jobs_task(tasks.echo.func, concurrency_key="acct:{value}", concurrency_limit=1)
+KEY = "tests.tasks.echo/acct:1"
+PAGES = ("dashboard", "job", "blockedkey", "stuckjob", "process")
+
+
+def page(name: str) -> str:
+    return reverse(f"admin:django_jobs_{name}_changelist")
+
+
+def job_url(job_id: int, what: str = "change") -> str:
+    if what == "change":
+        return reverse("admin:django_jobs_job_change", args=[job_id])
+    return reverse(f"admin:django_jobs_job_{what}", args=[job_id])
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]] if response.context else []
+
+
+def text(response) -> str:
+    """The page's visible text, tags stripped and whitespace squeezed."""
+    html = response.content.decode()
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+@pytest.fixture
+def viewer(db) -> Client:
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def failed_job(**kwargs) -> Job:
+    failure = FailedExecutionFactory(
+        job__finished_at=timezone.now(), job__args=["needle-in-args"], **kwargs
+    )
+    return failure.job
+
+
+def test_every_page_is_linked_from_the_app_index_and_renders(admin_client):
+    index = admin_client.get(reverse("admin:app_list", args=["django_jobs"]))
+    assert index.status_code == 200
+    for name in PAGES:
+        assert page(name) in index.content.decode()
+        assert admin_client.get(page(name)).status_code == 200
+
+
+def test_dashboard_counts_chart_processes_and_paused_queues(admin_client):
+    now = timezone.now()
+    ReadyExecutionFactory.create_batch(3, job__queue_name="emails")
+    ScheduledExecutionFactory(job__queue_name="emails", scheduled_at=now + timedelta(hours=1))
+    FinishedJobFactory.create_batch(4, queue_name="emails", finished_at=now)
+    FinishedJobFactory(queue_name="emails", status=JobStatus.FAILED, finished_at=now)
+    FinishedJobFactory(queue_name="emails", finished_at=now - timedelta(hours=3))  # too old
+    PauseFactory(queue_name="reports")
+    worker = ProcessFactory(hostname="box-1", pid=4242)
+    claim = ClaimedExecution.objects.create(
+        job=JobFactory(status=JobStatus.RUNNING), process=worker
+    )
+
+    response = admin_client.get(page("dashboard"))
+    assert response.status_code == 200
+    queues = {q["name"]: q for q in response.context["queues"]}
+    # ready, scheduled, blocked, running, failed (1h), finished (1h)
+    assert queues["emails"]["counts"] == [3, 1, 0, 0, 1, 5]
+    assert queues["default"]["counts"] == [0, 0, 0, 1, 0, 0]
+    assert queues["reports"]["paused"] and not queues["emails"]["paused"]
+    chart = response.context["chart"]
+    assert (chart["succeeded"], chart["failed"], chart["peak"]) == (4, 1, 5)
+    assert len(chart["bars"]) == 60
+    last = chart["bars"][-1]
+    assert last.succeeded_height > 0 and last.failed_height > 0
+    body = text(response)
+    assert "box-1" in body and "4242" in body and f"#{claim.job_id}" in body
+    assert 'class="failed"' in response.content.decode()  # the SVG draws the failure
+    assert "Resume" in body and "Pause" in body
+
+
+def test_pause_and_resume_from_the_dashboard(admin_client):
+    response = admin_client.post(
+        reverse("admin:django_jobs_dashboard_pause"), {"queue": "emails"}, follow=True
+    )
+    assert Pause.objects.filter(queue_name="emails").exists()
+    assert any("paused" in m for m in messages_of(response))
+    again = admin_client.post(
+        reverse("admin:django_jobs_dashboard_pause"), {"queue": "emails"}, follow=True
+    )
+    assert any("already paused" in m for m in messages_of(again))
+    response = admin_client.post(
+        reverse("admin:django_jobs_dashboard_resume"), {"queue": "emails"}, follow=True
+    )
+    assert not Pause.objects.exists()
+    assert any("resumed" in m for m in messages_of(response))
+    empty = admin_client.post(
+        reverse("admin:django_jobs_dashboard_pause"), {"queue": " "}, follow=True
+    )
+    assert not Pause.objects.exists()
+    assert any("Give the name" in m for m in messages_of(empty))
+
+
+def test_job_list_filters_and_search(admin_client):
+    failed = failed_job()
+    old_failed = failed_job()
+    Job.objects.filter(pk=old_failed.pk).update(finished_at=timezone.now() - timedelta(days=3))
+    report = JobFactory(queue_name="reports", task_path="tests.tasks.echo")
+    keyed = JobFactory(concurrency_key="acct:7")
+    FinishedJobFactory()
+
+    def listed(query: str) -> set[int]:
+        response = admin_client.get(page("job") + query)
+        assert response.status_code == 200, query
+        return {job.pk for job in response.context["cl"].result_list}
+
+    assert listed("?status=failed") == {failed.pk, old_failed.pk}
+    assert listed("?status=failed&finished_since=24h") == {failed.pk}
+    assert listed("?queue_name=reports") == {report.pk}
+    assert listed("?task_path=tests.tasks.echo") == {report.pk}
+    assert listed("?concurrency_key=acct:7") == {keyed.pk}
+    assert listed(f"?q={keyed.pk}") == {keyed.pk}
+    assert listed(f"?q=%23{keyed.pk}") == {keyed.pk}
+    assert listed("?q=needle-in") == {failed.pk, old_failed.pk}
+    # The filter sidebar offers the values it found, without a DISTINCT over all jobs.
+    body = admin_client.get(page("job")).content.decode()
+    assert "?queue_name=reports" in body and "?concurrency_key=acct%3A7" in body
+
+
+def test_no_page_counts_or_scans_the_whole_job_table(admin_client, monkeypatch):
+    monkeypatch.setattr(pagination, "COUNT_CAP", 5)
+    FinishedJobFactory.create_batch(8)
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(page("job"))
+    assert "more than 5 jobs" in text(response)
+    counts = [q["sql"] for q in queries if "COUNT(" in q["sql"].upper()]
+    assert counts, "the list must count (capped)"
+    for sql in counts:
+        assert "LIMIT" in sql.upper(), f"uncapped count: {sql}"
+
+
+def test_filter_choices_come_from_recent_jobs_not_the_whole_history(admin_client, monkeypatch):
+    monkeypatch.setattr(filters, "RECENT", 3)
+    for n in range(8):
+        FinishedJobFactory(task_path=f"old.tasks.t{n}")
+    for n in range(3):
+        FinishedJobFactory(task_path=f"new.tasks.t{n}")
+    ReadyExecutionFactory(job__task_path="old.tasks.t0", job__queue_name="backlog")
+    response = admin_client.get(page("job"))
+    (task_filter,) = [f for f in response.context["cl"].filter_specs if f.title == "task"]
+    offered = {value for value, _ in task_filter.lookup_choices}
+    # The three most recent jobs: the ready one, and two of the new ones.
+    assert offered == {"old.tasks.t0", "new.tasks.t1", "new.tasks.t2"}
+    (queue_filter,) = [f for f in response.context["cl"].filter_specs if f.title == "queue"]
+    assert "backlog" in {value for value, _ in queue_filter.lookup_choices}
+    # A value not offered still filters when asked for.
+    listed = admin_client.get(page("job") + "?task_path=old.tasks.t5").context["cl"]
+    assert [job.task_path for job in listed.result_list] == ["old.tasks.t5"]
+
+
+def test_job_page_shows_arguments_attempts_tracebacks_timeline_and_execution(admin_client):
+    job = failed_job()
+    FailedExecutionFactory(
+        job=job, attempt=2, message="second", traceback="Traceback\nKeyError: 'x'"
+    )
+    body = text(admin_client.get(job_url(job.pk)))
+    assert "needle-in-args" in body
+    assert "Attempt 1" in body and "Attempt 2" in body and "KeyError" in body
+    assert "Enqueued" in body and "Finished" in body
+    assert "None: the job is failed" in body
+    assert "Retry" in body and "Discard" in body
+
+    ready = ReadyExecutionFactory(job__queue_name="emails").job
+    body = text(admin_client.get(job_url(ready.pk)))
+    assert "Table ready" in body and "Retry" not in body and "Discard" in body
+
+    worker = ProcessFactory(name="w-7", hostname="box-9", pid=77)
+    running = JobFactory(status=JobStatus.RUNNING)
+    ClaimedExecution.objects.create(job=running, process=worker)
+    body = text(admin_client.get(job_url(running.pk)))
+    assert "Table claimed" in body and "w-7 on box-9 (pid 77)" in body
+    assert "Discard" not in body and "Retry" not in body
+
+    assert admin_client.get(job_url(10**9)).status_code == 404
+    assert admin_client.post(job_url(job.pk), {}).status_code == 403  # no editing a job
+
+
+def test_retry_discard_and_their_messages(admin_client):
+    job = failed_job()
+    response = admin_client.post(job_url(job.pk, "retry"), follow=True)
+    assert Job.objects.get(pk=job.pk).status == JobStatus.READY
+    assert any("will be retried" in m for m in messages_of(response))
+    response = admin_client.post(job_url(job.pk, "retry"), follow=True)
+    assert any("not retried" in m for m in messages_of(response))
+    response = admin_client.post(job_url(job.pk, "discard"), follow=True)
+    assert Job.objects.get(pk=job.pk).status == JobStatus.DISCARDED
+    assert not ReadyExecution.objects.filter(job_id=job.pk).exists()
+    assert any("was discarded" in m for m in messages_of(response))
+    assert admin_client.get(job_url(job.pk, "retry")).status_code == 405
+
+
+def test_a_running_job_is_never_discarded(admin_client):
+    worker = register_process("default", "worker")
+    job_id = int(tasks.echo.enqueue("x").id)
+    (job,) = claim_jobs("default", worker.pk, QueueSelector(("*",)), 1)
+    assert start_job("default", job, worker.pk, worker.name)
+    response = admin_client.post(job_url(job_id, "discard"), follow=True)
+    assert any("not discarded" in m for m in messages_of(response))
+    assert Job.objects.get(pk=job_id).status == JobStatus.RUNNING
+    assert ClaimedExecution.objects.filter(job_id=job_id).exists()
+    response = admin_client.post(
+        page("job"), {"action": "discard_selected", "_selected_action": [job_id]}, follow=True
+    )
+    assert any("1 job not discarded" in m for m in messages_of(response))
+    assert Job.objects.get(pk=job_id).status == JobStatus.RUNNING
+
+
+def test_bulk_retry_and_discard(admin_client):
+    failed = [failed_job().pk for _ in range(3)]
+    ready = ReadyExecutionFactory().job_id
+    response = admin_client.post(
+        page("job"),
+        {"action": "retry_selected", "_selected_action": [*failed, ready]},
+        follow=True,
+    )
+    assert set(Job.objects.filter(pk__in=failed).values_list("status", flat=True)) == {"ready"}
+    assert any("3 jobs retried" in m for m in messages_of(response))
+    assert any("1 job not retried" in m for m in messages_of(response))
+    response = admin_client.post(
+        page("job"), {"action": "discard_selected", "_selected_action": failed}, follow=True
+    )
+    assert any("3 jobs discarded" in m for m in messages_of(response))
+    assert not ReadyExecution.objects.filter(job_id__in=failed).exists()
+
+
+def test_run_now_asks_first_then_bypasses_the_limit_once(admin_client):
+    holder, blocked, waiting = (int(one_at_a_time.enqueue(1).id) for _ in range(3))
+    confirm = admin_client.get(job_url(blocked, "run_now"))
+    assert confirm.status_code == 200 and "bypasses the concurrency limit" in text(confirm)
+    assert Job.objects.get(pk=blocked).status == JobStatus.BLOCKED
+    response = admin_client.post(job_url(blocked, "run_now"), follow=True)
+    assert any("1 job made ready past their limit" in m for m in messages_of(response))
+    assert Job.objects.get(pk=blocked).status == JobStatus.READY
+    assert Job.objects.get(pk=waiting).status == JobStatus.BLOCKED
+    assert Semaphore.objects.get(key=KEY).value == -1
+
+    # The bulk action: a confirmation page first, then the act.
+    action = {"action": "run_selected_now", "_selected_action": [waiting, holder]}
+    confirm = admin_client.post(page("job"), action)
+    assert 'value="Yes, run 1 job now"' in confirm.content.decode()
+    assert Job.objects.get(pk=waiting).status == JobStatus.BLOCKED
+    response = admin_client.post(page("job"), {**action, "confirmed": "yes"}, follow=True)
+    assert Job.objects.get(pk=waiting).status == JobStatus.READY
+    assert any("1 job not made ready" in m for m in messages_of(response))
+
+
+def test_blocked_page_groups_by_key_and_reconciles(admin_client):
+    holder, blocked, blocked_too = (int(one_at_a_time.enqueue(1).id) for _ in range(3))
+    response = admin_client.get(page("blockedkey"))
+    (group,) = response.context["groups"]
+    assert (group["key"].key, group["key"].limit, group["key"].holders) == (KEY, 1, 1)
+    assert group["key"].blocked == 2 and group["waiting"] == [blocked, blocked_too]
+    assert [h.job_id for h in group["holders"]] == [holder]
+    assert "run now" in text(response) and "Reconcile this key" in text(response)
+
+    # Drift: the holder vanished without giving its slot back.
+    ReadyExecution.objects.filter(job_id=holder).delete()
+    Job.objects.filter(pk=holder).update(status=JobStatus.DISCARDED)
+    response = admin_client.post(
+        reverse("admin:django_jobs_blockedkey_reconcile"), {"key": KEY}, follow=True
+    )
+    assert any("1 blocked job promoted" in m for m in messages_of(response))
+    assert Job.objects.get(pk=blocked).status == JobStatus.READY
+    assert BlockedExecution.objects.get().job_id == blocked_too
+
+
+def test_stuck_page_lists_each_kind_with_a_count(admin_client):
+    now = timezone.now()
+    dead = ProcessFactory(last_heartbeat_at=now - timedelta(hours=1))
+    orphan = ClaimedExecution.objects.create(job=JobFactory(status=JobStatus.RUNNING), process=dead)
+    overdue = ScheduledExecutionFactory(scheduled_at=now - timedelta(hours=2)).job_id
+    response = admin_client.get(page("stuckjob"))
+    kinds = {k["name"]: k for k in response.context["kinds"]}
+    assert [j.pk for j in kinds["claimed_by_dead_process"]["jobs"]] == [orphan.job_id]
+    assert [j.pk for j in kinds["scheduled_long_past_due"]["jobs"]] == [overdue]
+    assert kinds["blocked_behind_free_slot"]["count"] == 0
+    assert f"#{orphan.job_id}" in text(response)
+
+
+def test_view_only_users_see_everything_and_change_nothing(viewer):
+    job = failed_job()
+    blocked = int(one_at_a_time.enqueue(1).id)
+    blocked = int(one_at_a_time.enqueue(1).id)
+    for name in PAGES:
+        response = viewer.get(page(name))
+        assert response.status_code == 200, name
+        assert '<form class="jobs-inline" method="post"' not in response.content.decode()
+    listing = viewer.get(page("job"))
+    assert listing.context["action_form"] is None or not listing.context["actions_on_top"]
+    body = text(viewer.get(job_url(job.pk)))
+    assert "needle-in-args" in body and "Retry" not in body
+    refused = [
+        viewer.post(job_url(job.pk, "retry")),
+        viewer.post(job_url(job.pk, "discard")),
+        viewer.post(job_url(blocked, "run_now")),
+        viewer.post(reverse("admin:django_jobs_dashboard_pause"), {"queue": "default"}),
+        viewer.post(reverse("admin:django_jobs_blockedkey_reconcile"), {"key": KEY}),
+    ]
+    assert [r.status_code for r in refused] == [403] * 5
+    viewer.post(page("job"), {"action": "retry_selected", "_selected_action": [job.pk]})
+    assert Job.objects.get(pk=job.pk).status == JobStatus.FAILED
+    assert Job.objects.get(pk=blocked).status == JobStatus.BLOCKED
+    assert not Pause.objects.exists()
+
+
+def test_staff_without_job_permissions_and_anonymous_users_are_kept_out(client):
+    user = User.objects.create_user("staff", password="pw", is_staff=True)
+    client.force_login(user)
+    for name in PAGES:
+        assert client.get(page(name)).status_code == 403, name
+    assert client.post(reverse("admin:django_jobs_dashboard_pause"), {"queue": "x"}).status_code
+    assert not Pause.objects.exists()
+    anonymous = Client()
+    response = anonymous.get(page("dashboard"))
+    assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_actions_need_a_csrf_token(admin_user):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(admin_user)
+    job = failed_job()
+    assert client.post(job_url(job.pk, "retry")).status_code == 403
+    assert client.post(reverse("admin:django_jobs_dashboard_pause"), {"queue": "x"}).status_code
+    assert Job.objects.get(pk=job.pk).status == JobStatus.FAILED
+    assert not Pause.objects.exists()
