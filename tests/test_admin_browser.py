@@ -1,0 +1,189 @@
+"""The jobs admin in a real browser: Debian's Chromium, headless, driven by Playwright.
+
+Each test logs in through the login form and clicks what an operator would
+click; the database is then checked, not only the page. A screenshot of each
+test's last page is saved under ``artifacts/screenshots/`` (or
+``$JOBS_TEST_ARTIFACTS/screenshots``) whether it passed or not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import connection
+from django.utils import timezone
+
+from django_jobs import task as jobs_task
+from django_jobs.models import ClaimedExecution, Job, JobStatus, Pause, Semaphore
+from tests import tasks
+from tests.factories import (
+    FailedExecutionFactory,
+    FinishedJobFactory,
+    JobFactory,
+    ProcessFactory,
+    ReadyExecutionFactory,
+)
+
+playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = os.environ.get("JOBS_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(os.environ.get("JOBS_TEST_ARTIFACTS", Path(__file__).parent.parent / "artifacts"))
+PASSWORD = "correct horse battery staple"
+one_at_a_time = jobs_task(tasks.echo.func, concurrency_key="acct:{value}", concurrency_limit=1)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(
+            f"{CHROMIUM} not found: install Debian's chromium package (apt-get install chromium) "
+            "or point JOBS_CHROMIUM at a Chromium binary"
+        )
+    # Playwright's sync API runs an event loop in this thread; the ORM calls made by
+    # the test itself (planting rows, checking them) are synchronous and safe here.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, live_server, request) -> Iterator:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(15_000)
+    tab = context.new_page()
+    tab.base_url = live_server.url
+    yield tab
+    shots = ARTIFACTS / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{request.node.name}-{connection.vendor}")
+    tab.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+    context.close()
+
+
+def log_in(page, username: str, *, view_only: bool = False, path: str = "/admin/") -> None:
+    user = User.objects.create_user(username, password=PASSWORD, is_staff=True)
+    if view_only:
+        user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    else:
+        user.is_superuser = True
+        user.save()
+    page.goto(f"{page.base_url}/admin/login/?next={path}")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**{path}")
+
+
+def message(page) -> str:
+    return page.locator("ul.messagelist").inner_text()
+
+
+def test_log_in_and_read_the_dashboard(page):
+    now = timezone.now()
+    ReadyExecutionFactory.create_batch(2, job__queue_name="emails")
+    FinishedJobFactory.create_batch(3, queue_name="emails", finished_at=now)
+    FinishedJobFactory(queue_name="emails", status=JobStatus.FAILED, finished_at=now)
+    ProcessFactory(hostname="box-1", pid=4242)
+    log_in(page, "ops", path="/admin/")
+    page.click("text=Dashboard")
+    page.wait_for_url("**/admin/django_jobs/dashboard/")
+    row = page.locator("#queue-emails")
+    # ready, scheduled, blocked, running, failed (1h), finished (1h)
+    assert row.locator("td.jobs-num").all_inner_texts() == ["2", "0", "0", "0", "1", "4"]
+    assert page.locator("svg.jobs-chart rect.ok").count() == 1
+    assert page.locator("svg.jobs-chart rect.failed").count() == 1
+    assert "box-1" in page.locator("#processes").inner_text()
+
+
+def test_filter_the_job_list(page):
+    failed = FailedExecutionFactory(job__finished_at=timezone.now()).job
+    JobFactory.create_batch(3)
+    log_in(page, "ops", path="/admin/django_jobs/job/")
+    assert page.locator("#result_list tbody tr").count() == 4
+    page.locator("#changelist-filter").get_by_role("link", name="Failed", exact=True).click()
+    page.wait_for_url("**status__exact=failed**")
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 1
+    assert rows.first.locator("th a").inner_text() == str(failed.pk)
+
+
+def test_retry_a_failed_job(page):
+    job = FailedExecutionFactory(job__finished_at=timezone.now()).job
+    log_in(page, "ops", path=f"/admin/django_jobs/job/{job.pk}/change/")
+    assert "ValueError" in page.locator("#attempts").inner_text()
+    page.get_by_role("button", name="Retry").click()
+    assert f"Job #{job.pk} will be retried" in message(page)
+    assert page.locator("#job-state").inner_text() == "ready"
+    assert Job.objects.get(pk=job.pk).status == JobStatus.READY
+
+
+def test_discard_a_blocked_job_and_run_another_now(page):
+    holder, blocked, other = (int(one_at_a_time.enqueue(1).id) for _ in range(3))
+    log_in(page, "ops", path=f"/admin/django_jobs/job/{blocked}/change/")
+    page.get_by_role("button", name="Discard").click()
+    assert f"Job #{blocked} was discarded" in message(page)
+    assert Job.objects.get(pk=blocked).status == JobStatus.DISCARDED
+
+    page.goto(f"{page.base_url}/admin/django_jobs/blockedkey/")
+    page.get_by_role("link", name="run now").click()
+    assert "bypasses the concurrency limit" in page.locator(".jobs-warning").inner_text()
+    page.get_by_role("button", name="Yes, run 1 job now").click()
+    assert "1 job made ready past their limit" in message(page)
+    assert Job.objects.get(pk=other).status == JobStatus.READY
+    assert Job.objects.get(pk=holder).status == JobStatus.READY
+    assert Semaphore.objects.get().value == -1
+
+
+def test_pause_and_resume_a_queue(page):
+    ReadyExecutionFactory(job__queue_name="emails")
+    log_in(page, "ops", path="/admin/django_jobs/dashboard/")
+    page.locator("#queue-emails").get_by_role("button", name="Pause").click()
+    assert "Queue “emails” paused" in message(page)
+    assert "paused" in page.locator("#queue-emails").inner_text()
+    assert list(Pause.objects.values_list("queue_name", flat=True)) == ["emails"]
+    page.locator("#queue-emails").get_by_role("button", name="Resume").click()
+    assert "Queue “emails” resumed" in message(page)
+    assert not Pause.objects.exists()
+
+
+def test_the_stuck_page_shows_a_planted_stuck_job(page):
+    dead = ProcessFactory(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    claim = ClaimedExecution.objects.create(
+        job=JobFactory(status=JobStatus.RUNNING), process=dead
+    )
+    log_in(page, "ops", path="/admin/django_jobs/stuckjob/")
+    section = page.locator("#stuck-claimed_by_dead_process")
+    assert section.locator(".jobs-stuck-count").inner_text() == "1"
+    section.get_by_role("link", name=f"#{claim.job_id}").click()
+    assert "claimed" in page.locator("#execution").inner_text()
+
+
+def test_a_view_only_user_sees_the_job_but_cannot_act(page):
+    job = FailedExecutionFactory(job__finished_at=timezone.now()).job
+    log_in(page, "viewer", view_only=True, path=f"/admin/django_jobs/job/{job.pk}/change/")
+    assert "ValueError" in page.locator("#attempts").inner_text()
+    assert page.get_by_role("button", name="Retry").count() == 0
+    # Forge the POST the Retry button would send, with a valid CSRF token.
+    status = page.evaluate(
+        """async (url) => {
+            const token = document.cookie.match(/csrftoken=([^;]+)/)[1];
+            const response = await fetch(url, {method: "POST", headers: {"X-CSRFToken": token}});
+            return response.status;
+        }""",
+        f"/admin/django_jobs/job/{job.pk}/retry/",
+    )
+    assert status == 403
+    assert Job.objects.get(pk=job.pk).status == JobStatus.FAILED
