@@ -42,3 +42,7 @@ class Command(BaseCommand):
                 f"  #{result.id} {result.task.name}: {result.status} "
                 f"attempts={result.attempts} {value}"
             )
+        self.stdout.write(
+            "See them in the admin: testproject/manage.py createsuperuser, then "
+            "testproject/manage.py runserver and open http://127.0.0.1:8000/admin/django_jobs/"
+        )
