@@ -43,23 +43,33 @@ PASSWORD = "correct horse battery staple"
 one_at_a_time = jobs_task(tasks.echo.func, concurrency_key="acct:{value}", concurrency_limit=1)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator:
+    """One browser for this module only: Playwright's sync API keeps an asyncio loop
+    in this thread while it runs, which would break ``async_to_sync`` in the tests
+    that follow (the executor's async tasks) if it outlived the module."""
     if not Path(CHROMIUM).exists():
         pytest.fail(
             f"{CHROMIUM} not found: install Debian's chromium package (apt-get install chromium) "
             "or point JOBS_CHROMIUM at a Chromium binary"
         )
-    # Playwright's sync API runs an event loop in this thread; the ORM calls made by
-    # the test itself (planting rows, checking them) are synchronous and safe here.
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
-        )
-        yield browser
-        browser.close()
+    # The test's own ORM calls (planting rows, checking them) are synchronous and
+    # safe, but Django refuses them while an event loop runs in the thread.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM,
+                args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
+            )
+            yield browser
+            browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ running). A second one, or SIGQUIT: immediate.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -40,21 +41,46 @@ class Lifecycle:
             self.on_immediate()
 
     def install_signal_handlers(self) -> None:
-        def graceful(signum: int, frame: object) -> None:
-            name = signal.Signals(signum).name
+        """Deliver SIGTERM, SIGINT and SIGQUIT to a watcher thread, never to Python code
+        running in the interrupted main thread.
+
+        A Python-level signal handler runs in the main thread between two bytecodes,
+        possibly while that thread holds the internal lock of one of our Events (in the
+        middle of ``Event.wait``); setting that Event from the handler then deadlocks
+        the process for good (seen: a second SIGTERM during the shutdown loop's
+        ``immediate.wait``). So the handler does nothing; CPython's C-level handler
+        writes the signal number to a pipe (``signal.set_wakeup_fd``), and a thread
+        reading that pipe sets the events like any other thread.
+        """
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            signal.signal(signum, _deliver_through_wakeup_fd)
+        threading.Thread(
+            target=self._watch_signals, args=(read_fd,), name="django-jobs-signals", daemon=True
+        ).start()
+
+    def _watch_signals(self, read_fd: int) -> None:
+        while data := os.read(read_fd, 64):
+            for signum in data:
+                self.on_signal(signal.Signals(signum))
+
+    def on_signal(self, signum: signal.Signals) -> None:
+        """First SIGTERM/SIGINT: graceful; a second one, or SIGQUIT: immediate."""
+        if signum == signal.SIGQUIT:
+            self.request_immediate(signum.name)
+        elif signum in (signal.SIGTERM, signal.SIGINT):
             if self.stopping.is_set():
-                self.request_immediate(f"second {name}")
+                self.request_immediate(f"second {signum.name}")
             else:
-                self.request_stop(name)
-
-        def immediate(signum: int, frame: object) -> None:
-            self.request_immediate(signal.Signals(signum).name)
-
-        signal.signal(signal.SIGTERM, graceful)
-        signal.signal(signal.SIGINT, graceful)
-        signal.signal(signal.SIGQUIT, immediate)
+                self.request_stop(signum.name)
 
     def sleep(self, seconds: float) -> None:
         """Sleep until the timeout or a wake-up (work finished, a signal)."""
         self.wake.wait(seconds)
         self.wake.clear()
+
+
+def _deliver_through_wakeup_fd(signum: int, frame: object) -> None:
+    """Installed so the signal does not kill us; the watcher thread acts on it."""
