@@ -32,6 +32,8 @@ from .queues import QueueSelector
 
 STATES = ("ready", "scheduled", "blocked", "running", "failed_last_hour", "finished_last_hour")
 STUCK_SAMPLE = 50
+# Keys per IN (...) list: well under every backend's limit on query parameters.
+KEY_CHUNK = 500
 
 
 @dataclass
@@ -110,34 +112,58 @@ def queue_counts(db: str, now: datetime) -> dict[str, dict[str, int]]:
 
 
 def blocked_keys(db: str, now: datetime, keys: list[str] | None = None) -> list[BlockedKey]:
-    """Every key with blocked jobs (or only ``keys``): its limit, holders and waiters."""
+    """Every key with blocked jobs (or only ``keys``): its limit, holders and waiters.
+
+    A fixed number of grouped queries per chunk of keys, not a few per key: the
+    stuck page asks this for every blocked key there is.
+    """
     rows = BlockedExecution.objects.using(db)
     if keys is not None:
         rows = rows.filter(concurrency_key__in=keys)
-    groups = (
+    groups = list(
         rows.values("concurrency_key")
         .annotate(n=Count("pk"), oldest=Min("created_at"))
         .order_by("concurrency_key")
     )
     result = []
-    for group in groups:
-        key = group["concurrency_key"]
-        semaphore = Semaphore.objects.using(db).filter(key=key).first()
-        claims = ClaimedExecution.objects.using(db).filter(concurrency_key=key)
-        live_claims = claims.exclude(lease_expires_at__lt=now).count()
-        ready = ReadyExecution.objects.using(db).filter(concurrency_key=key).count()
-        result.append(
-            BlockedKey(
-                key=key,
-                limit=semaphore.limit if semaphore else None,
-                free=semaphore.value if semaphore else None,
-                holders=ready + live_claims,
-                blocked=group["n"],
-                oldest_blocked_at=group["oldest"],
-                lease_expires_at=claims.aggregate(first=Min("lease_expires_at"))["first"],
-            )
+    for start in range(0, len(groups), KEY_CHUNK):
+        chunk = groups[start : start + KEY_CHUNK]
+        names = [group["concurrency_key"] for group in chunk]
+        semaphores = {
+            key: (limit, value)
+            for key, limit, value in Semaphore.objects.using(db)
+            .filter(key__in=names)
+            .values_list("key", "limit", "value")
+        }
+        ready = count_by_key(ReadyExecution.objects.using(db).filter(concurrency_key__in=names))
+        claims = ClaimedExecution.objects.using(db).filter(concurrency_key__in=names)
+        live = count_by_key(claims.exclude(lease_expires_at__lt=now))
+        leases = dict(
+            claims.exclude(lease_expires_at=None)
+            .values_list("concurrency_key")
+            .annotate(first=Min("lease_expires_at"))
+            .values_list("concurrency_key", "first")
         )
+        for group in chunk:
+            key = group["concurrency_key"]
+            limit, free = semaphores.get(key, (None, None))
+            result.append(
+                BlockedKey(
+                    key=key,
+                    limit=limit,
+                    free=free,
+                    holders=ready.get(key, 0) + live.get(key, 0),
+                    blocked=group["n"],
+                    oldest_blocked_at=group["oldest"],
+                    lease_expires_at=leases.get(key),
+                )
+            )
     return result
+
+
+def count_by_key(rows) -> dict[str, int]:
+    grouped = rows.values_list("concurrency_key").annotate(n=Count("pk"))
+    return dict(grouped.values_list("concurrency_key", "n"))
 
 
 def processes(db: str, now: datetime, conf: JobsSettings) -> list[ProcessInfo]:
@@ -173,15 +199,17 @@ def stuck_jobs(
         .order_by("job_id")
         .values_list("job_id", flat=True)[:STUCK_SAMPLE]
     )
-    behind_free_slot = [
-        job_id
-        for key in keys
-        if key.limit is not None and key.holders < key.limit
-        for job_id in BlockedExecution.objects.using(db)
-        .filter(concurrency_key=key.key)
-        .order_by("job_id")
-        .values_list("job_id", flat=True)[:STUCK_SAMPLE]
-    ][:STUCK_SAMPLE]
+    free_keys = [k.key for k in keys if k.limit is not None and k.holders < k.limit]
+    behind_free_slot: list[int] = []
+    for start in range(0, len(free_keys), KEY_CHUNK):
+        behind_free_slot += (
+            BlockedExecution.objects.using(db)
+            .filter(concurrency_key__in=free_keys[start : start + KEY_CHUNK])
+            .order_by("job_id")
+            .values_list("job_id", flat=True)[: STUCK_SAMPLE - len(behind_free_slot)]
+        )
+        if len(behind_free_slot) >= STUCK_SAMPLE:
+            break
     served = [
         QueueSelector(tuple(metadata["queues"]))
         for metadata in Process.objects.using(db)
