@@ -21,6 +21,7 @@ from django_jobs.models import (
 from django_jobs.processes import register_process
 from django_jobs.queues import QueueSelector
 from tests import tasks
+from tests.test_races import holders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,13 +49,6 @@ def run_and_fail(task, value, worker) -> int:
     outcome = fail_job(DB, job_id, worker.pk, BOOM, worker_id=worker.name)
     assert outcome is not None and not outcome.will_retry
     return job_id
-
-
-def holders(key: str = KEY) -> int:
-    return (
-        ReadyExecution.objects.filter(concurrency_key=key).count()
-        + ClaimedExecution.objects.filter(concurrency_key=key).count()
-    )
 
 
 def test_retry_gives_a_failed_job_exactly_one_more_attempt_and_keeps_its_history(worker):
