@@ -35,6 +35,8 @@ class JobsSettings:
     clear_finished_jobs_after: float | None = 86400.0 * 7
     db_retry_max_delay: float = 10.0
     max_concurrency: dict[str, int] = field(default_factory=dict)
+    # key -> {"task": dotted path, "schedule": cron or interval, ...}; see docs/recurring.md.
+    recurring: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, **overrides: Any) -> JobsSettings:

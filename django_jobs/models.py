@@ -41,6 +41,49 @@ TASK_RESULT_STATUS = {
 }
 
 
+class UniqueUntil(models.TextChoices):
+    """How long a unique job keeps its ``unique_key`` from other enqueues."""
+
+    START = "start", "until it starts (waiting jobs only)"
+    FINISH = "finish", "until it finishes (waiting and running jobs)"
+
+
+class Batch(models.Model):
+    """A fan-in group: items count down ``pending``; the item that reaches 0 fires the callbacks.
+
+    Every item's terminal transition updates this row under its lock in that
+    item's own finalisation transaction, so exactly one transaction sees the
+    batch complete, whichever workers finish the last items at once.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    description = models.CharField(max_length=255, blank=True)
+    total = models.PositiveIntegerField(default=0)
+    pending = models.PositiveIntegerField(default=0)
+    succeeded = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    # {"on_finish": {"task_path", "queue_name", "priority", "backend"}, ...}
+    callbacks = models.JSONField(default=dict, blank=True)
+    # {"on_finish": job id, ...}: the callback jobs, once enqueued.
+    callback_jobs = models.JSONField(default=dict, blank=True)
+    concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
+    # The job that enqueued this batch, when a task (e.g. another batch's callback) did.
+    parent_job_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        verbose_name_plural = "batches"
+
+    def __str__(self) -> str:
+        label = self.description or "batch"
+        return f"{label} #{self.pk} ({self.total - self.pending}/{self.total} done)"
+
+    @property
+    def concurrency_key(self) -> str | None:
+        return f"django_jobs.batch/{self.pk}" if self.concurrency_limit else None
+
+
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
     backend = models.CharField(max_length=64, default="default")
@@ -70,6 +113,23 @@ class Job(models.Model):
     concurrency_duration = models.FloatField(null=True, blank=True)
     on_conflict = models.CharField(
         max_length=8, choices=[("block", "Block"), ("discard", "Discard")], default="block"
+    )
+
+    # The resolved ``unique_key`` of a unique task, kept for the record.
+    unique_key = models.CharField(max_length=255, null=True, blank=True, db_index=True)
+    # The same key while the job is covered (see ``unique_until``), NULL after: the unique
+    # index on this column, not a read-then-insert, is what refuses a second such job.
+    unique_lock = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    unique_until = models.CharField(
+        max_length=8, choices=UniqueUntil.choices, null=True, blank=True
+    )
+    batch = models.ForeignKey(
+        Batch,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        null=True,
+        blank=True,
+        related_name="jobs",
     )
 
     class Meta:
@@ -154,6 +214,7 @@ class Process(models.Model):
         SUPERVISOR = "supervisor", "Supervisor"
         WORKER = "worker", "Worker"
         DISPATCHER = "dispatcher", "Dispatcher"
+        SCHEDULER = "scheduler", "Scheduler"
 
     id = models.BigAutoField(primary_key=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -260,6 +321,52 @@ class Pause(models.Model):
 
     def __str__(self) -> str:
         return self.queue_name
+
+
+class RecurringTask(models.Model):
+    """A recurring task from ``DJANGO_JOBS["recurring"]``, as the scheduler last synced it.
+
+    Settings are the source of truth for what runs; this row adds what only the
+    database can hold: whether an operator disabled it, since when it may be
+    caught up, and when it last ran.
+    """
+
+    key = models.CharField(max_length=128, unique=True)
+    task_path = models.CharField(max_length=255)
+    schedule = models.CharField(max_length=255)
+    time_zone = models.CharField(max_length=64, default="UTC")
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    queue_name = models.CharField(max_length=128, null=True, blank=True)
+    priority = models.SmallIntegerField(null=True, blank=True)
+    enabled = models.BooleanField(default=True)
+    # Ticks at or before this are never caught up (first seen, or re-enabled, here).
+    active_since = models.DateTimeField(default=timezone.now)
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_job_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.schedule})"
+
+
+class RecurringExecution(models.Model):
+    """One tick of a recurring task, enqueued: the unique row that makes each tick run once."""
+
+    id = models.BigAutoField(primary_key=True)
+    task_key = models.CharField(max_length=128)
+    run_at = models.DateTimeField()
+    job_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task_key", "run_at"], name="jobs_recurring_tick_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_key} at {self.run_at:%Y-%m-%d %H:%M:%S}"
 
 
 # Admin pages that are not a plain list of one table. Proxies give each page an
