@@ -6,88 +6,119 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('django_jobs', '0002_admin_pages'),
+        ("django_jobs", "0002_admin_pages"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Batch',
+            name="Batch",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('description', models.CharField(blank=True, max_length=255)),
-                ('total', models.PositiveIntegerField(default=0)),
-                ('pending', models.PositiveIntegerField(default=0)),
-                ('succeeded', models.PositiveIntegerField(default=0)),
-                ('failed', models.PositiveIntegerField(default=0)),
-                ('callbacks', models.JSONField(blank=True, default=dict)),
-                ('callback_jobs', models.JSONField(blank=True, default=dict)),
-                ('concurrency_limit', models.PositiveIntegerField(blank=True, null=True)),
-                ('parent_job_id', models.BigIntegerField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('finished_at', models.DateTimeField(blank=True, db_index=True, null=True)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("description", models.CharField(blank=True, max_length=255)),
+                ("total", models.PositiveIntegerField(default=0)),
+                ("pending", models.PositiveIntegerField(default=0)),
+                ("succeeded", models.PositiveIntegerField(default=0)),
+                ("failed", models.PositiveIntegerField(default=0)),
+                ("callbacks", models.JSONField(blank=True, default=dict)),
+                ("callback_jobs", models.JSONField(blank=True, default=dict)),
+                ("concurrency_limit", models.PositiveIntegerField(blank=True, null=True)),
+                ("parent_job_id", models.BigIntegerField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("finished_at", models.DateTimeField(blank=True, db_index=True, null=True)),
             ],
             options={
-                'verbose_name_plural': 'batches',
+                "verbose_name_plural": "batches",
             },
         ),
         migrations.CreateModel(
-            name='RecurringTask',
+            name="RecurringTask",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=128, unique=True)),
-                ('task_path', models.CharField(max_length=255)),
-                ('schedule', models.CharField(max_length=255)),
-                ('time_zone', models.CharField(default='UTC', max_length=64)),
-                ('args', models.JSONField(blank=True, default=list)),
-                ('kwargs', models.JSONField(blank=True, default=dict)),
-                ('queue_name', models.CharField(blank=True, max_length=128, null=True)),
-                ('priority', models.SmallIntegerField(blank=True, null=True)),
-                ('enabled', models.BooleanField(default=True)),
-                ('active_since', models.DateTimeField(default=django.utils.timezone.now)),
-                ('last_run_at', models.DateTimeField(blank=True, null=True)),
-                ('last_job_id', models.BigIntegerField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=128, unique=True)),
+                ("task_path", models.CharField(max_length=255)),
+                ("schedule", models.CharField(max_length=255)),
+                ("time_zone", models.CharField(default="UTC", max_length=64)),
+                ("args", models.JSONField(blank=True, default=list)),
+                ("kwargs", models.JSONField(blank=True, default=dict)),
+                ("queue_name", models.CharField(blank=True, max_length=128, null=True)),
+                ("priority", models.SmallIntegerField(blank=True, null=True)),
+                ("enabled", models.BooleanField(default=True)),
+                ("active_since", models.DateTimeField(default=django.utils.timezone.now)),
+                ("last_run_at", models.DateTimeField(blank=True, null=True)),
+                ("last_job_id", models.BigIntegerField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
         ),
         migrations.AddField(
-            model_name='job',
-            name='unique_key',
+            model_name="job",
+            name="unique_key",
             field=models.CharField(blank=True, db_index=True, max_length=255, null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='unique_lock',
+            model_name="job",
+            name="unique_lock",
             field=models.CharField(blank=True, max_length=255, null=True, unique=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='unique_until',
-            field=models.CharField(blank=True, choices=[('start', 'until it starts (waiting jobs only)'), ('finish', 'until it finishes (waiting and running jobs)')], max_length=8, null=True),
+            model_name="job",
+            name="unique_until",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("start", "until it starts (waiting jobs only)"),
+                    ("finish", "until it finishes (waiting and running jobs)"),
+                ],
+                max_length=8,
+                null=True,
+            ),
         ),
         migrations.AlterField(
-            model_name='process',
-            name='kind',
-            field=models.CharField(choices=[('supervisor', 'Supervisor'), ('worker', 'Worker'), ('dispatcher', 'Dispatcher'), ('scheduler', 'Scheduler')], max_length=16),
+            model_name="process",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("supervisor", "Supervisor"),
+                    ("worker", "Worker"),
+                    ("dispatcher", "Dispatcher"),
+                    ("scheduler", "Scheduler"),
+                ],
+                max_length=16,
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='batch',
-            field=models.ForeignKey(blank=True, db_constraint=False, null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name='jobs', to='django_jobs.batch'),
+            model_name="job",
+            name="batch",
+            field=models.ForeignKey(
+                blank=True,
+                db_constraint=False,
+                null=True,
+                on_delete=django.db.models.deletion.DO_NOTHING,
+                related_name="jobs",
+                to="django_jobs.batch",
+            ),
         ),
         migrations.CreateModel(
-            name='RecurringExecution',
+            name="RecurringExecution",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('task_key', models.CharField(max_length=128)),
-                ('run_at', models.DateTimeField()),
-                ('job_id', models.BigIntegerField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("task_key", models.CharField(max_length=128)),
+                ("run_at", models.DateTimeField()),
+                ("job_id", models.BigIntegerField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('task_key', 'run_at'), name='jobs_recurring_tick_once')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("task_key", "run_at"), name="jobs_recurring_tick_once"
+                    )
+                ],
             },
         ),
     ]
