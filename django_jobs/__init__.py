@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from django.tasks import Task, TaskResult
 
-__all__ = ["Exponential", "bulk_enqueue", "enqueue_on_commit", "task"]
+__all__ = ["Exponential", "bulk_enqueue", "enqueue_batch", "enqueue_on_commit", "task"]
 
 
 def task(*args: Any, **kwargs: Any) -> Any:
@@ -34,6 +34,16 @@ def bulk_enqueue(calls: Any, *, backend: str | None = None) -> list[TaskResult]:
     if not hasattr(target, "bulk_enqueue"):
         raise TypeError(f"Task backend {alias!r} is not a django-jobs backend")
     return target.bulk_enqueue(calls)
+
+
+def enqueue_batch(calls: Any, **options: Any) -> Any:
+    """Enqueue ``[(task, args, kwargs), ...]`` as one batch with callbacks.
+
+    See :func:`django_jobs.batches.enqueue_batch` for the options.
+    """
+    from .batches import enqueue_batch as _enqueue_batch
+
+    return _enqueue_batch(calls, **options)
 
 
 def enqueue_on_commit(task: Task, *args: Any, using: str | None = None, **kwargs: Any) -> None:

@@ -117,10 +117,11 @@ def admit_to_key(db: str, key: str, jobs: list[Job]) -> None:
     if discarded:
         now = timezone.now()
         Job.objects.using(db).filter(pk__in=[job.pk for job in discarded]).update(
-            status=JobStatus.DISCARDED, finished_at=now
+            status=JobStatus.DISCARDED, finished_at=now, unique_lock=None
         )
         for job in discarded:
-            job.status, job.finished_at = JobStatus.DISCARDED, now
+            job.status, job.finished_at, job.unique_lock = JobStatus.DISCARDED, now, None
+        count_discarded(db, discarded)
     if blocked:
         BlockedExecution.objects.using(db).bulk_create(
             [
@@ -134,6 +135,17 @@ def admit_to_key(db: str, key: str, jobs: list[Job]) -> None:
             ]
         )
         set_status(db, blocked, JobStatus.BLOCKED)
+
+
+def count_discarded(db: str, jobs: list[Job]) -> None:
+    """A discarded batch item is terminal: its batch counts it as failed."""
+    from .batches import count_outcomes
+
+    per_batch: dict[int, int] = defaultdict(int)
+    for job in jobs:
+        if job.batch_id is not None:
+            per_batch[job.batch_id] += 1
+    count_outcomes(db, {batch_id: (0, n) for batch_id, n in per_batch.items()})
 
 
 def release_slot(db: str, key: str) -> int:

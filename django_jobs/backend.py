@@ -8,7 +8,7 @@ from typing import Any
 from django.db import transaction
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
@@ -16,9 +16,10 @@ from .admission import admit_jobs
 from .backoff import backoff_to_json
 from .conf import database_alias
 from .job_task import JobTask, job_options
-from .models import FailedExecution, Job, JobStatus, ScheduledExecution
+from .models import Batch, FailedExecution, Job, JobStatus, ScheduledExecution
 from .results import build_result
 from .serialization import json_arguments
+from .uniqueness import insert_unique
 
 Call = tuple[Task, Sequence[Any], Mapping[str, Any]]
 
@@ -40,22 +41,34 @@ class JobsBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
         return self.bulk_enqueue([(task, args, kwargs)])[0]
 
-    def bulk_enqueue(self, calls: Iterable[Call]) -> list[TaskResult]:
+    def bulk_enqueue(
+        self, calls: Iterable[Call], *, batch: Batch | None = None
+    ) -> list[TaskResult]:
         """Enqueue many calls in one transaction and a handful of queries.
 
-        All or nothing: one invalid call raises before anything is written.
+        All or nothing: one invalid call raises before anything is written. A
+        call of a unique task whose key is held gives the holder's result
+        instead of a new job (see ``django_jobs.uniqueness``). ``batch``: the
+        (saved) batch the jobs are items of; ``django_jobs.batches`` passes it.
         """
-        prepared = [self.prepare_job(task, args, kwargs) for task, args, kwargs in calls]
+        prepared = [self.prepare_job(task, args, kwargs, batch) for task, args, kwargs in calls]
         if not prepared:
             return []
         db = self.database
-        jobs = [job for job, _ in prepared]
+        holders: dict[int, Job] = {}
         with transaction.atomic(using=db):
-            Job.objects.using(db).bulk_create(jobs, batch_size=BULK_BATCH_SIZE)
-            if any(job.pk is None for job in jobs):
+            plain = [job for job, _ in prepared if job.unique_lock is None]
+            Job.objects.using(db).bulk_create(plain, batch_size=BULK_BATCH_SIZE)
+            if any(job.pk is None for job in plain):
                 # MySQL (unlike MariaDB) cannot return ids from a bulk insert.
-                for job in jobs:
+                for job in plain:
                     job.save(using=db, force_insert=True)
+            for index, (job, _) in enumerate(prepared):
+                if job.unique_lock is not None:
+                    holder = insert_unique(db, job)
+                    if holder is not None:
+                        holders[index] = holder
+            jobs = [job for index, (job, _) in enumerate(prepared) if index not in holders]
             scheduled = [job for job in jobs if job.status == JobStatus.SCHEDULED]
             if scheduled:
                 ScheduledExecution.objects.using(db).bulk_create(
@@ -71,22 +84,44 @@ class JobsBackend(BaseTaskBackend):
                     batch_size=BULK_BATCH_SIZE,
                 )
             admit_jobs(db, [job for job in jobs if job.status != JobStatus.SCHEDULED])
-        results = [build_result(job, task=task) for job, task in prepared]
-        for result in results:
-            task_enqueued.send(type(self), task_result=result)
+            held = {index: self.get_result(str(holder.pk)) for index, holder in holders.items()}
+        results = [
+            held[index] if index in held else build_result(job, task=task)
+            for index, (job, task) in enumerate(prepared)
+        ]
+        for index, result in enumerate(results):
+            if index not in held:
+                task_enqueued.send(type(self), task_result=result)
         return results
 
     def prepare_job(
-        self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
+        self,
+        task: Task,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        batch: Batch | None = None,
     ) -> tuple[Job, Task]:
         self.validate_task(task)
         json_args, json_kwargs = json_arguments(args, kwargs)
         options = job_options(task)
-        key = (
-            task.resolve_concurrency_key(json_args, json_kwargs)
-            if isinstance(task, JobTask)
-            else None
-        )
+        is_job_task = isinstance(task, JobTask)
+        key = task.resolve_concurrency_key(json_args, json_kwargs) if is_job_task else None
+        unique = task.resolve_unique_key(json_args, json_kwargs) if is_job_task else None
+        limit = options["concurrency_limit"]
+        lease = task.lease_seconds if key else None
+        if batch is not None:
+            if unique:
+                raise InvalidTask(
+                    f"{task.module_path} is a unique task: it cannot be a batch item, "
+                    "whose count would then depend on another job"
+                )
+            if batch.concurrency_limit:
+                if key:
+                    raise InvalidTask(
+                        f"{task.module_path} has its own concurrency_key; a batch's "
+                        "concurrency_limit would replace it"
+                    )
+                key, limit = batch.concurrency_key, batch.concurrency_limit
         now = timezone.now()
         future = task.run_after is not None and task.run_after > now
         job = Job(
@@ -102,9 +137,13 @@ class JobsBackend(BaseTaskBackend):
             max_attempts=options["max_attempts"],
             backoff=backoff_to_json(options["backoff"]),
             concurrency_key=key,
-            concurrency_limit=options["concurrency_limit"] if key else None,
-            concurrency_duration=task.lease_seconds if key else None,
+            concurrency_limit=limit if key else None,
+            concurrency_duration=lease,
             on_conflict=options["on_conflict"],
+            unique_key=unique,
+            unique_lock=unique,
+            unique_until=options["unique_until"] if unique else None,
+            batch=batch,
         )
         return job, task
 

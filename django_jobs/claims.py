@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from .admission import admit_jobs, hand_back_to_key, make_ready, release_slot
 from .backoff import retry_delay
+from .batches import count_outcome
 from .models import (
     ClaimedExecution,
     FailedExecution,
@@ -28,6 +29,7 @@ from .models import (
     QueueLock,
     ReadyExecution,
     ScheduledExecution,
+    UniqueUntil,
 )
 from .queues import QueueSelector
 
@@ -104,6 +106,7 @@ def claim_jobs(
                     queue_name=queue,
                     concurrency_key=jobs[job_id].concurrency_key,
                     lease_expires_at=lease_end(jobs[job_id], now),
+                    batch_id=jobs[job_id].batch_id,
                     created_at=now,
                 )
                 for job_id, queue in picked
@@ -176,22 +179,25 @@ def start_job(db: str, job: Job, process_id: int, worker_id: str) -> bool:
             return False
         # Counted from the row, read under the claim's lock, not from the caller's
         # copy of the job, which may be older than an earlier attempt.
-        attempts, worker_ids, started_at = (
+        attempts, worker_ids, started_at, unique_until = (
             Job.objects.using(db)
             .filter(pk=job.pk)
-            .values_list("attempts", "worker_ids", "started_at")
+            .values_list("attempts", "worker_ids", "started_at", "unique_until")
             .get()
         )
         now = timezone.now()
         attempts += 1
         worker_ids = [*(worker_ids or []), worker_id]
         started_at = started_at or now
+        # A job unique only while waiting lets go of its key as it starts.
+        released = {"unique_lock": None} if unique_until == UniqueUntil.START else {}
         Job.objects.using(db).filter(pk=job.pk).update(
             status=JobStatus.RUNNING,
             attempts=attempts,
             worker_ids=worker_ids,
             started_at=started_at,
             last_attempted_at=now,
+            **released,
         )
     job.status = JobStatus.RUNNING
     job.attempts = attempts
@@ -209,10 +215,14 @@ def finish_job(db: str, job_id: int, process_id: int, return_value: object) -> b
             return False
         delete_claim(db, claim)
         Job.objects.using(db).filter(pk=job_id).update(
-            status=JobStatus.SUCCEEDED, return_value=return_value, finished_at=timezone.now()
+            status=JobStatus.SUCCEEDED,
+            return_value=return_value,
+            finished_at=timezone.now(),
+            unique_lock=None,
         )
         if claim.concurrency_key:
             release_slot(db, claim.concurrency_key)
+        count_outcome(db, claim.batch_id, succeeded=True)
     return True
 
 
@@ -256,7 +266,9 @@ def fail_claimed(
     if retry and job.attempts < job.max_attempts:
         retry_at = now + timedelta(seconds=retry_delay(job.backoff, job.attempts))
     if retry_at is None:
-        Job.objects.using(db).filter(pk=job.pk).update(status=JobStatus.FAILED, finished_at=now)
+        Job.objects.using(db).filter(pk=job.pk).update(
+            status=JobStatus.FAILED, finished_at=now, unique_lock=None
+        )
     elif retry_at > now:
         ScheduledExecution.objects.using(db).create(
             job_id=job.pk, queue_name=job.queue_name, priority=job.priority, scheduled_at=retry_at
@@ -264,6 +276,8 @@ def fail_claimed(
         Job.objects.using(db).filter(pk=job.pk).update(status=JobStatus.SCHEDULED)
     if claim.concurrency_key:
         release_slot(db, claim.concurrency_key)
+    if retry_at is None:
+        count_outcome(db, job.batch_id, succeeded=False)
     if retry_at is not None and retry_at <= now:
         # Due at once: through admission, after the slot was given back.
         job.status = JobStatus.SCHEDULED

@@ -8,6 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from .admission import reconcile_key
+from .batches import count_outcome
 from .models import BlockedExecution, Job, JobStatus, ReadyExecution, ScheduledExecution, Semaphore
 
 
@@ -20,8 +21,13 @@ def discard_job(db: str, job_id: int) -> bool:
     took the ready row first wins: the delete then finds nothing.
     """
     with transaction.atomic(using=db):
-        key = Job.objects.using(db).filter(pk=job_id).values_list("concurrency_key", flat=True)
-        key = key.first()
+        row = (
+            Job.objects.using(db)
+            .filter(pk=job_id)
+            .values_list("concurrency_key", "batch_id")
+            .first()
+        )
+        key, batch_id = row or (None, None)
         if key:
             list(Semaphore.objects.using(db).select_for_update().filter(key=key).values("pk"))
         deleted = 0
@@ -30,10 +36,11 @@ def discard_job(db: str, job_id: int) -> bool:
         if not deleted:
             return False
         Job.objects.using(db).filter(pk=job_id).update(
-            status=JobStatus.DISCARDED, finished_at=timezone.now()
+            status=JobStatus.DISCARDED, finished_at=timezone.now(), unique_lock=None
         )
         if key:
             reconcile_key(db, key)
+        count_outcome(db, batch_id, succeeded=False)
     return True
 
 

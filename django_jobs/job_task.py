@@ -30,8 +30,11 @@ JOB_OPTION_NAMES = (
     "concurrency_group",
     "concurrency_duration",
     "on_conflict",
+    "unique_key",
+    "unique_until",
 )
 ON_CONFLICT_CHOICES = ("block", "discard")
+UNIQUE_UNTIL_CHOICES = ("start", "finish")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +46,8 @@ class JobTask(Task):
     concurrency_group: str | None = None
     concurrency_duration: float | timedelta | None = None
     on_conflict: str = "block"
+    unique_key: ConcurrencyKey = None
+    unique_until: str = "finish"
 
     def __post_init__(self) -> None:
         validate_job_options(self)
@@ -84,6 +89,22 @@ class JobTask(Task):
         full = f"{self.concurrency_group or self.module_path}/{resolved}"
         if len(full) > 255:
             raise InvalidTask(f"concurrency key {full[:60]!r}... is longer than 255 characters")
+        return full
+
+    def resolve_unique_key(self, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+        """The unique key of one call, ``task path/key``: unique per task, like a limit's group."""
+        key = self.unique_key
+        if key is None:
+            return None
+        if callable(key):
+            resolved = key(*args, **kwargs)
+        else:
+            resolved = key.format(**bound_arguments(self, args, kwargs))
+        if not isinstance(resolved, str) or not resolved:
+            raise InvalidTask(f"unique_key of {self.module_path} must give a non-empty string")
+        full = f"{self.module_path}/{resolved}"
+        if len(full) > 255:
+            raise InvalidTask(f"unique key {full[:60]!r}... is longer than 255 characters")
         return full
 
     @property
@@ -130,6 +151,13 @@ def validate_job_options(task: JobTask) -> None:
             raise InvalidTask("concurrency_duration must be a number of seconds > 0 or a timedelta")
     if task.on_conflict not in ON_CONFLICT_CHOICES:
         raise InvalidTask(f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}")
+    if task.unique_until not in UNIQUE_UNTIL_CHOICES:
+        raise InvalidTask(f"unique_until must be one of {', '.join(UNIQUE_UNTIL_CHOICES)}")
+    unique = task.unique_key
+    if unique is not None and not callable(unique):
+        if not isinstance(unique, str) or not unique:
+            raise InvalidTask("unique_key must be a non-empty format string or a callable")
+        validate_key_template(task, unique, "unique_key")
     key = task.concurrency_key
     if key is None and (group is not None or duration is not None):
         raise InvalidTask("concurrency_group and concurrency_duration need a concurrency_key")
@@ -139,7 +167,7 @@ def validate_job_options(task: JobTask) -> None:
         validate_key_template(task, key)
 
 
-def validate_key_template(task: Task, template: str) -> None:
+def validate_key_template(task: Task, template: str, option: str = "concurrency_key") -> None:
     """Reject a template naming an argument the function does not take."""
     import string
 
@@ -148,15 +176,14 @@ def validate_key_template(task: Task, template: str) -> None:
     try:
         names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
     except ValueError as exc:
-        raise InvalidTask(f"concurrency_key {template!r} is not a valid format string") from exc
+        raise InvalidTask(f"{option} {template!r} is not a valid format string") from exc
     for name in names:
         root = name.split(".")[0].split("[")[0]
         if not root or root.isdigit():
-            raise InvalidTask("concurrency_key fields must name arguments, e.g. '{account_id}'")
+            raise InvalidTask(f"{option} fields must name arguments, e.g. '{{account_id}}'")
         if root not in parameters and not takes_var_kwargs:
             raise InvalidTask(
-                f"concurrency_key {template!r} names {root!r}, "
-                f"which {task.module_path} does not take"
+                f"{option} {template!r} names {root!r}, which {task.module_path} does not take"
             )
 
 
@@ -209,4 +236,6 @@ def job_options(task: Task) -> dict[str, Any]:
         "concurrency_group": None,
         "concurrency_duration": None,
         "on_conflict": "block",
+        "unique_key": None,
+        "unique_until": "finish",
     }

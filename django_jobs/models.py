@@ -260,6 +260,9 @@ class ClaimedExecution(models.Model):
     # When a concurrency_duration lease runs out: from then on this holder no longer
     # counts toward its key's limit. None: it counts until it is gone.
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The job's batch, copied at claim time, so finalisation (which already holds this
+    # row's lock) knows which batch to count the outcome in without reading the job.
+    batch_id = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from . import admission
+from .batches import reopen_item
 from .discard import discard_job
 from .models import BlockedExecution, Job, JobStatus, Pause, Semaphore
 
@@ -40,6 +41,8 @@ def retry_failed_job(db: str, job_id: int) -> bool:
         job.run_after = None
         job.save(using=db, update_fields=["max_attempts", "finished_at", "run_after"])
         admission.admit_jobs(db, [job])
+        # Lock order: job row, semaphore (admission), then the batch row.
+        reopen_item(db, job.batch_id)
     return True
 
 

@@ -12,6 +12,7 @@ from django.db import close_old_connections
 from django.tasks import TaskContext, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 
+from ..batches import current_job_id
 from ..claims import ErrorInfo, fail_job, finish_job, release_job, start_job
 from ..exceptions import TaskNotFound
 from ..loading import load_task
@@ -140,6 +141,7 @@ def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
     task_started.send(type(task.get_backend()), task_result=result)
     logger.info("job started %s", describe(job))
     began = time.monotonic()
+    running = current_job_id.set(job.pk)
     try:
         if task.takes_context:
             value = task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
@@ -147,6 +149,7 @@ def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
             value = task.call(*job.args, **job.kwargs)
         value = json_return_value(value)
     except BaseException as exc:  # SystemExit/KeyboardInterrupt of a task must not kill us
+        current_job_id.reset(running)
         duration = time.monotonic() - began
         error = error_info(exc)
         outcome = persist(
@@ -175,6 +178,7 @@ def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
         task_finished.send(type(task.get_backend()), task_result=result)
         return
 
+    current_job_id.reset(running)
     duration = time.monotonic() - began
     finished = persist(
         ctx, f"finishing job {job.pk}", lambda: finish_job(ctx.db, job.pk, ctx.process_id, value)
