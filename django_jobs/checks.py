@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.core.checks import Error, Warning
 from django.db import connections
+from django.tasks import Task, task_backends
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 
 from .conf import JobsSettings, jobs_settings
+from .exceptions import InvalidTaskArguments, TaskNotFound
+from .loading import load_task
 from .queues import QueueSelector
+from .recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_zone
+from .schedules import ScheduleError, parse_schedule, parse_time_zone
+from .serialization import json_arguments
 
 if TYPE_CHECKING:
     from .backend import JobsBackend
@@ -58,6 +66,8 @@ def backend_checks(backend: JobsBackend) -> list[Any]:
                     id="django_jobs.E006",
                 )
             )
+    if owns_recurring_checks(backend):
+        errors.extend(recurring_checks(conf))
     return errors
 
 
@@ -113,3 +123,145 @@ def number_checks(conf: JobsSettings) -> list[Any]:
                 )
             )
     return errors
+
+
+def owns_recurring_checks(backend: JobsBackend) -> bool:
+    """Recurring entries are checked once, by the first django-jobs backend in TASKS,
+    not once per backend (each entry is checked against its own task's backend)."""
+    from .backend import JobsBackend
+
+    for alias in task_backends.settings:
+        if isinstance(task_backends[alias], JobsBackend):
+            return alias == backend.alias
+    return False
+
+
+def recurring_checks(conf: JobsSettings) -> list[Any]:
+    if not isinstance(conf.recurring, Mapping):
+        return [
+            Error(
+                "DJANGO_JOBS['recurring'] must be a dict of key -> entry.",
+                id="django_jobs.E010",
+            )
+        ]
+    errors: list[Any] = []
+    for key, entry in conf.recurring.items():
+        errors.extend(recurring_entry_checks(key, entry, conf.database))
+    return errors
+
+
+def recurring_entry_checks(key: Any, entry: Any, db: str) -> list[Any]:
+    """Every problem of one entry, so that one run of ``check`` lists them all."""
+    where = f"DJANGO_JOBS['recurring'][{key!r}]"
+    errors: list[Any] = []
+    if not isinstance(key, str) or not key or len(key) > KEY_MAX_LENGTH:
+        errors.append(
+            Error(
+                f"{where}: the key must be a non-empty string of at most "
+                f"{KEY_MAX_LENGTH} characters.",
+                id="django_jobs.E018",
+            )
+        )
+    if not isinstance(entry, Mapping):
+        return [
+            *errors,
+            Error(f"{where} must be a dict with 'task' and 'schedule'.", id="django_jobs.E010"),
+        ]
+    unknown = sorted(str(name) for name in set(entry) - ENTRY_KEYS)
+    if unknown:
+        errors.append(
+            Error(
+                f"{where} has unknown key(s): {', '.join(unknown)}.",
+                hint=f"Known keys: {', '.join(sorted(ENTRY_KEYS))}.",
+                id="django_jobs.E011",
+            )
+        )
+    missing = [name for name in ("task", "schedule") if name not in entry]
+    if missing:
+        errors.append(
+            Error(f"{where} is missing {' and '.join(missing)!s}.", id="django_jobs.E012")
+        )
+    time_zone = default_time_zone()
+    if "timezone" in entry:
+        try:
+            parse_time_zone(entry["timezone"])
+            time_zone = entry["timezone"]
+        except ScheduleError as exc:
+            errors.append(Error(f"{where}: {exc}.", id="django_jobs.E014"))
+    if "schedule" in entry:
+        try:
+            parse_schedule(entry["schedule"], time_zone)
+        except ScheduleError as exc:
+            errors.append(Error(f"{where}: {exc}.", id="django_jobs.E013"))
+    errors.extend(recurring_value_checks(where, entry))
+    if "task" in entry:
+        errors.extend(recurring_task_checks(where, entry, db))
+    return errors
+
+
+def recurring_value_checks(where: str, entry: Mapping[str, Any]) -> list[Any]:
+    errors: list[Any] = []
+    args, kwargs = entry.get("args", []), entry.get("kwargs", {})
+    if not isinstance(args, list | tuple) or not isinstance(kwargs, Mapping):
+        errors.append(
+            Error(f"{where}: 'args' must be a list and 'kwargs' a dict.", id="django_jobs.E016")
+        )
+    else:
+        try:
+            json_arguments(args, kwargs)
+        except InvalidTaskArguments as exc:
+            errors.append(Error(f"{where}: {exc}", id="django_jobs.E016"))
+    priority = entry.get("priority")
+    if priority is not None and (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not TASK_MIN_PRIORITY <= priority <= TASK_MAX_PRIORITY
+    ):
+        errors.append(
+            Error(
+                f"{where}: 'priority' must be an integer from {TASK_MIN_PRIORITY} "
+                f"to {TASK_MAX_PRIORITY}.",
+                id="django_jobs.E019",
+            )
+        )
+    for name in ("queue_name", "description"):
+        if entry.get(name) is not None and not isinstance(entry[name], str):
+            errors.append(Error(f"{where}: {name!r} must be a string.", id="django_jobs.E019"))
+    return errors
+
+
+def recurring_task_checks(where: str, entry: Mapping[str, Any], db: str) -> list[Any]:
+    """The task imports, is a Task, and enqueues through django-jobs into ``db``."""
+    from .backend import JobsBackend
+
+    path = entry["task"]
+    if not isinstance(path, str):
+        return [Error(f"{where}: 'task' must be a dotted path.", id="django_jobs.E015")]
+    try:
+        task: Task = load_task(path)
+    except TaskNotFound as exc:
+        return [Error(f"{where}: {exc}.", id="django_jobs.E015")]
+    try:
+        backend = task.get_backend()
+    except Exception as exc:  # an unknown backend alias on the task
+        return [Error(f"{where}: {path}'s backend: {exc}.", id="django_jobs.E020")]
+    if not isinstance(backend, JobsBackend) or backend.database != db:
+        return [
+            Error(
+                f"{where}: {path} enqueues through backend {task.backend!r}, which does not "
+                f"write to the django-jobs database {db!r}.",
+                hint="The tick's row and its job must be one transaction in one database, "
+                "or a tick could be enqueued twice or lost.",
+                id="django_jobs.E020",
+            )
+        ]
+    queue = entry.get("queue_name") or task.queue_name
+    if isinstance(queue, str) and backend.queues and queue not in backend.queues:
+        return [
+            Error(
+                f"{where}: queue {queue!r} is not in the QUEUES of task backend {backend.alias!r}.",
+                hint=f"Known queues: {', '.join(sorted(backend.queues))}.",
+                id="django_jobs.E017",
+            )
+        ]
+    return []

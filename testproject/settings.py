@@ -92,6 +92,8 @@ DJANGO_JOBS = {
     "max_concurrency": {
         queue: int(cap) for queue, cap in env.dict("JOBS_MAX_CONCURRENCY", default={}).items()
     },
+    # Recurring tasks as JSON: {"key": {"task": "...", "schedule": "every 1 second"}}.
+    "recurring": env.json("JOBS_RECURRING", default={}),
 }
 
 LOGGING = {

@@ -1,7 +1,9 @@
-"""Single-process mode: a worker and a dispatcher as threads of one process.
+"""Single-process mode: a worker, a dispatcher and (with recurring tasks) a scheduler
+as threads of one process.
 
 For small deployments and SQLite, and for ``--once``, which drains what is
-ready (and due) and exits.
+ready (and due) and exits, without a scheduler: a one-off drain must not
+enqueue ticks as a side effect.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from ..models import Process
 from .dispatcher import Dispatcher
 from .lifecycle import Lifecycle
 from .registration import registered
+from .scheduler import run_scheduler
 from .worker import Worker
 
 logger = logging.getLogger("django_jobs.supervisor")
@@ -33,6 +36,17 @@ def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool =
             daemon=True,
         )
         dispatcher.start()
+        scheduler_lifecycle = Lifecycle()
+        scheduler: threading.Thread | None = None
+        if conf.recurring and not once:
+            scheduler = threading.Thread(
+                target=run_scheduler,
+                args=(conf, scheduler_lifecycle),
+                kwargs={"metadata": {"single_process": True}},
+                name="django-jobs-scheduler",
+                daemon=True,
+            )
+            scheduler.start()
         logger.info(
             "single-process worker started: %s queues=%s threads=%d%s",
             process.name,
@@ -44,8 +58,14 @@ def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool =
         try:
             worker.run()
         finally:
-            dispatcher_lifecycle.stopping.set()
-            dispatcher_lifecycle.wake.set()
-            dispatcher.join(1.0 if lifecycle.immediate.is_set() else conf.shutdown_timeout + 5)
+            if lifecycle.immediate.is_set():
+                scheduler_lifecycle.immediate.set()
+            for helper in (dispatcher_lifecycle, scheduler_lifecycle):
+                helper.stopping.set()
+                helper.wake.set()
+            timeout = 1.0 if lifecycle.immediate.is_set() else conf.shutdown_timeout + 5
+            dispatcher.join(timeout)
+            if scheduler is not None:
+                scheduler.join(timeout)
     logger.info("worker stopped: %s", process.name)
     return bool(worker.abandoned)

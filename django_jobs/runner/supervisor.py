@@ -1,4 +1,4 @@
-"""The supervisor: starts worker and dispatcher processes, replaces the ones that die.
+"""The supervisor: starts worker, dispatcher and scheduler processes, replaces the ones that die.
 
 Children are fresh interpreters (``multiprocessing`` spawn), never forks of a
 process holding database connections or threads. Each child moves to its own
@@ -27,6 +27,7 @@ from .entry import child_main
 from .lifecycle import Lifecycle
 from .logs import configure_logging
 from .registration import registered
+from .scheduler import run_scheduler
 from .worker import Worker
 
 logger = logging.getLogger("django_jobs.supervisor")
@@ -38,6 +39,9 @@ def run_role(
     kind: str, conf: JobsSettings, lifecycle: Lifecycle, supervisor_id: int | None
 ) -> None:
     """Register as ``kind``, run its loop until stopped, then deregister."""
+    if kind == Process.Kind.SCHEDULER:
+        run_scheduler(conf, lifecycle, supervisor_id=supervisor_id)
+        return
     with registered(conf, lifecycle, kind, supervisor_id=supervisor_id) as process:
         if process is None:
             return
@@ -100,6 +104,8 @@ class Supervisor:
         self.context = multiprocessing.get_context("spawn")
         self.children = [Child(Process.Kind.WORKER, i) for i in range(conf.processes)]
         self.children.append(Child(Process.Kind.DISPATCHER, 0))
+        if conf.recurring:
+            self.children.append(Child(Process.Kind.SCHEDULER, 0))
         self.process_id: int | None = None
 
     def run(self) -> None:
@@ -110,10 +116,11 @@ class Supervisor:
                 return
             self.process_id = process.pk
             logger.info(
-                "supervisor started: %s, %d worker process(es) x %d thread(s) + dispatcher",
+                "supervisor started: %s, %d worker process(es) x %d thread(s) + dispatcher%s",
                 process.name,
                 self.conf.processes,
                 self.conf.threads,
+                " + scheduler" if self.conf.recurring else "",
             )
             try:
                 for child in self.children:
