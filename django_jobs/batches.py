@@ -74,6 +74,7 @@ def enqueue_batch(
     """
     calls = list(calls)
     callbacks = {"on_finish": on_finish, "on_success": on_success, "on_failure": on_failure}
+    specs = {name: callback_spec(name, cb) for name, cb in callbacks.items() if cb is not None}
     backend = backend_of(calls, callbacks)
     if concurrency_limit is not None and (
         isinstance(concurrency_limit, bool)
@@ -81,7 +82,6 @@ def enqueue_batch(
         or concurrency_limit < 1
     ):
         raise InvalidTask("a batch's concurrency_limit must be an integer >= 1")
-    specs = {name: callback_spec(name, cb) for name, cb in callbacks.items() if cb is not None}
     db = backend.database
     with transaction.atomic(using=db):
         batch = Batch.objects.using(db).create(
