@@ -1,0 +1,121 @@
+"""Fan-in and unique-key races, forced with two real connections (method of ``test_races``).
+
+PostgreSQL and MariaDB only: SQLite serialises whole write transactions.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection, transaction  # noqa: F401  (skipif reads connection)
+
+from django_jobs import backend as backend_module
+from django_jobs import batches, claims, enqueue_batch
+from django_jobs.claims import claim_jobs, finish_job, start_job
+from django_jobs.models import Batch, Job
+from django_jobs.processes import register_process
+from tests import batch_tasks as bt
+from tests.test_races import ALL, DB, Paused, Runner, wait_for
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        "connection.vendor == 'sqlite'", reason="SQLite serialises writers: no row locks to race"
+    ),
+]
+
+CALLBACK = "tests.batch_tasks.callback"
+
+
+@pytest.fixture
+def worker():
+    return register_process(DB, "worker")
+
+
+# --- N items of a batch finishing at the same instant --------------------------------
+
+
+def race_last_two_items(monkeypatch, worker) -> int:
+    """Item 1's finish pauses holding the batch row; item 2's finish runs meanwhile."""
+    made = enqueue_batch([(bt.item, [n], {}) for n in range(2)], on_finish=bt.callback)
+    jobs = claim_jobs(DB, worker.pk, ALL, 2)
+    for job in jobs:
+        assert start_job(DB, job, worker.pk, worker.name)
+    paused = Paused(monkeypatch, claims, "count_outcome")
+    first = Runner(lambda: finish_job(DB, jobs[0].pk, worker.pk, 0), paused)
+    first.start()
+    assert paused.reached.wait(10)  # item 1 counted, not committed
+    second = Runner(lambda: finish_job(DB, jobs[1].pk, worker.pk, 1))
+    second.start()
+    wait_for(second.blocked_or_done, "the second finish to block or end")
+    paused.resume.set()
+    assert first.finish() is True
+    assert second.finish() is True
+    return made.id
+
+
+def test_items_finishing_at_once_fire_the_callback_once(monkeypatch, worker):
+    """Attune with_items fan-in. Protection: select_for_update of the batch row in
+    ``batches.count_outcomes``, inside each item's finalisation transaction."""
+    batch_id = race_last_two_items(monkeypatch, worker)
+    batch = Batch.objects.get(pk=batch_id)
+    assert (batch.pending, batch.succeeded) == (0, 2)
+    fired = Job.objects.filter(task_path=CALLBACK)
+    assert fired.count() == 1
+    assert fired.get().kwargs == {"batch_id": batch_id, "succeeded": 2, "failed": 0}
+
+
+def test_unprotected_items_finishing_at_once_lose_a_count_and_never_fire(monkeypatch, worker):
+    def unlocked(db, outcomes):
+        for batch_id, (succeeded, failed) in sorted(outcomes.items()):
+            batch = Batch.objects.using(db).get(pk=batch_id)  # no FOR UPDATE: a stale read
+            batch.pending -= succeeded + failed
+            batch.succeeded += succeeded
+            batch.failed += failed
+            fields = ["pending", "succeeded", "failed"]
+            if batch.pending == 0:
+                batches.complete(db, batch)
+                fields += ["finished_at", "callback_jobs"]
+            batch.save(using=db, update_fields=fields)
+
+    monkeypatch.setattr(batches, "count_outcomes", unlocked)
+    batch_id = race_last_two_items(monkeypatch, worker)
+    batch = Batch.objects.get(pk=batch_id)
+    assert (batch.pending, batch.succeeded) == (1, 1)  # a lost update: both items succeeded
+    assert not Job.objects.filter(task_path=CALLBACK).exists()
+
+
+# --- two enqueues of the same unique key at the same instant -------------------------
+
+
+def race_two_unique_enqueues(monkeypatch) -> tuple[str, str]:
+    paused = Paused(monkeypatch, backend_module, "admit_jobs", before=True)
+    first = Runner(lambda: bt.unique_report.enqueue(42).id, paused)
+    first.start()
+    assert paused.reached.wait(10)  # the first job's row is inserted, not committed
+    second = Runner(lambda: bt.unique_report.enqueue(42).id)
+    second.start()
+    wait_for(second.blocked_or_done, "the second enqueue to block or end")
+    paused.resume.set()
+    return first.finish(), second.finish()
+
+
+def test_two_enqueues_of_one_unique_key_make_one_job(monkeypatch):
+    """Oban OSS unique jobs. Protection: the unique index on ``Job.unique_lock``."""
+    first, second = race_two_unique_enqueues(monkeypatch)
+    assert first == second
+    assert Job.objects.filter(task_path="tests.batch_tasks.unique_report").count() == 1
+
+
+def test_unprotected_read_then_insert_makes_two_jobs(monkeypatch):
+    def read_then_insert(db, job):
+        holder = Job.objects.using(db).filter(unique_key=job.unique_key).first()
+        if holder is not None:
+            return holder
+        job.unique_lock = None  # no index to stop a concurrent insert
+        job.save(using=db, force_insert=True)
+        return None
+
+    monkeypatch.setattr(backend_module, "insert_unique", read_then_insert)
+    first, second = race_two_unique_enqueues(monkeypatch)
+    assert first != second
+    assert Job.objects.filter(task_path="tests.batch_tasks.unique_report").count() == 2
