@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
 from .admission import reconcile_key
-from .models import FINISHED_STATUSES, BlockedExecution, Job
+from .models import FINISHED_STATUSES, Batch, BlockedExecution, Job
 
 
 def reconcile_blocked_keys(db: str) -> int:
@@ -37,7 +37,26 @@ def clear_finished_jobs(db: str, older_than: float, batch_size: int = 500) -> in
             .values_list("pk", flat=True)[:batch_size]
         )
         if not ids:
+            clear_finished_batches(db, cutoff, batch_size)
             return deleted
         with transaction.atomic(using=db):
             Job.objects.using(db).filter(pk__in=ids, status__in=FINISHED_STATUSES).delete()
+        deleted += len(ids)
+
+
+def clear_finished_batches(db: str, cutoff: datetime, batch_size: int = 500) -> int:
+    """Delete batches completed before ``cutoff``, kept as long as their finished items.
+
+    Only finished batches go: an unfinished one is still counting its items down.
+    """
+    deleted = 0
+    while True:
+        ids = list(
+            Batch.objects.using(db)
+            .filter(finished_at__lt=cutoff)
+            .values_list("pk", flat=True)[:batch_size]
+        )
+        if not ids:
+            return deleted
+        Batch.objects.using(db).filter(pk__in=ids).delete()
         deleted += len(ids)

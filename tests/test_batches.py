@@ -3,8 +3,11 @@ transaction that reaches zero enqueues the callbacks, once, with the counts."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.tasks.exceptions import InvalidTask
+from django.utils import timezone
 
 from django_jobs import enqueue_batch, operations
 from django_jobs.batches import current_job_id
@@ -17,6 +20,7 @@ from django_jobs.claims import (
     start_job,
 )
 from django_jobs.discard import discard_job
+from django_jobs.maintenance import clear_finished_jobs
 from django_jobs.models import (
     Batch,
     BlockedExecution,
@@ -233,3 +237,12 @@ def test_a_batch_enqueued_by_a_running_job_records_its_parent():
         current_job_id.reset(token)
     assert made.refresh().parent_job_id == 12345
     assert enqueue_batch(items(1)).refresh().parent_job_id is None
+
+
+def test_maintenance_clears_completed_batches_with_the_finished_jobs(worker):
+    done = enqueue_batch([], on_finish=bt.callback)
+    open_batch = enqueue_batch(items(1))
+    Batch.objects.update(created_at=timezone.now() - timedelta(days=30))
+    Batch.objects.filter(pk=done.id).update(finished_at=timezone.now() - timedelta(days=30))
+    clear_finished_jobs(DB, older_than=86400)
+    assert list(Batch.objects.values_list("pk", flat=True)) == [open_batch.id]
