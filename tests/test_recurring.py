@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import OperationalError, connections
 from django.tasks import task, task_backends
 from django.test import override_settings
 from django.utils import timezone
@@ -23,8 +25,10 @@ from django_jobs.recurring import (
     set_enabled,
     sync_recurring_tasks,
 )
+from django_jobs.runner import scheduler as scheduler_module
 from django_jobs.runner.lifecycle import Lifecycle
 from django_jobs.runner.scheduler import Scheduler
+from tests.harness import wait_until
 
 DB = "default"
 DAY = timedelta(days=1)
@@ -400,3 +404,47 @@ def test_default_time_zone_is_the_projects():
         assert nightly.time_zone == "Europe/Paris"
         assert recurring.default_time_zone() == "Europe/Paris"
     assert nightly.schedule.zone.key == "Europe/Paris"
+
+
+# --- a database outage ------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_scheduler_survives_a_database_error_and_starts_over(monkeypatch, caplog):
+    """A lost connection mid-tick: it backs off, reconnects, and applies the start-up rule,
+    which enqueues the tick whose transaction was lost."""
+    every = entry("every", schedule="every day")
+    sync_recurring_tasks(DB, [every])
+    activate("every", timezone.now() - 2 * DAY)
+    failed: list = []
+
+    def flaky(db, e, tick):
+        if not failed:
+            failed.append(tick)
+            raise OperationalError("server closed the connection unexpectedly")
+        return enqueue_tick(db, e, tick)
+
+    monkeypatch.setattr(scheduler_module, "enqueue_tick", flaky)
+    lifecycle = Lifecycle()
+    s = Scheduler(JobsSettings.load(recurring={"every": {}}), lifecycle, entries=[every])
+
+    def run() -> None:
+        try:
+            s.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    with caplog.at_level(logging.WARNING, "django_jobs.scheduler"):
+        thread.start()
+        try:
+            wait_until(lambda: RecurringExecution.objects.exists(), 10, what="a tick enqueued")
+        finally:
+            lifecycle.request_stop()
+            thread.join(10)
+    assert not thread.is_alive()
+    assert "database unavailable" in caplog.text
+    # The start-up's tick failed; the start-up after the error enqueued that same tick, once.
+    (execution,) = RecurringExecution.objects.all()
+    assert execution.run_at == failed[0] == every.schedule.latest(timezone.now())
+    assert list(Job.objects.values_list("pk", flat=True)) == [execution.job_id]
