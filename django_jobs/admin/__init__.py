@@ -1,9 +1,10 @@
-"""The jobs admin: dashboard, job list and pages, blocked keys, stuck jobs, processes.
+"""The jobs admin: dashboard, job list and pages, blocked keys, stuck jobs, processes,
+recurring tasks and batches.
 
 Every action goes through :mod:`django_jobs.operations`, which takes the
 worker's own locks; see ``docs/admin.md``.
 """
 
-from . import blocked, dashboard, jobs, processes, stuck
+from . import batches, blocked, dashboard, jobs, processes, recurring, stuck
 
-__all__ = ["blocked", "dashboard", "jobs", "processes", "stuck"]
+__all__ = ["batches", "blocked", "dashboard", "jobs", "processes", "recurring", "stuck"]

@@ -15,7 +15,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from ..conf import JobsSettings
-from ..models import BlockedExecution, ClaimedExecution, Job, ReadyExecution, Semaphore
+from ..models import Batch, BlockedExecution, ClaimedExecution, Job, ReadyExecution, Semaphore
 
 RECENT = 2_000
 MAX_CHOICES = 100
@@ -94,3 +94,32 @@ class FinishedSinceFilter(admin.SimpleListFilter):
         if window is None:
             return queryset
         return queryset.filter(finished_at__gte=timezone.now() - window)
+
+
+class BatchFilter(admin.SimpleListFilter):
+    """A batch's items (``?batch=<id>``, the batch page's link), on ``Job.batch``'s index.
+
+    Offers the most recent batches; any batch id can be put in the URL.
+    """
+
+    title = "batch"
+    parameter_name = "batch"
+    offered = 20
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin):
+        db = JobsSettings.load().database
+        recent = Batch.objects.using(db).order_by("-pk").values_list("pk", "description")
+        choices = {
+            str(pk): f"#{pk} {description}".strip() for pk, description in recent[: self.offered]
+        }
+        if self.value() and self.value() not in choices:
+            choices[self.value()] = f"#{self.value()}"
+        return list(choices.items())
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if not value:
+            return queryset
+        if not value.isdigit():
+            return queryset.none()
+        return queryset.filter(batch_id=int(value))

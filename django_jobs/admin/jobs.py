@@ -26,7 +26,13 @@ from ..models import (
 )
 from . import pagination
 from .base import JobsPermissionsMixin
-from .filters import ConcurrencyKeyFilter, FinishedSinceFilter, QueueFilter, TaskFilter
+from .filters import (
+    BatchFilter,
+    ConcurrencyKeyFilter,
+    FinishedSinceFilter,
+    QueueFilter,
+    TaskFilter,
+)
 
 # What each state allows (the operations re-check under their locks).
 RETRYABLE = {JobStatus.FAILED}
@@ -94,7 +100,14 @@ class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
         "finished_at",
     )
     list_display_links = ("id", "task_name")
-    list_filter = ("status", QueueFilter, TaskFilter, ConcurrencyKeyFilter, FinishedSinceFilter)
+    list_filter = (
+        "status",
+        QueueFilter,
+        TaskFilter,
+        ConcurrencyKeyFilter,
+        FinishedSinceFilter,
+        BatchFilter,
+    )
     search_fields = ("id",)  # replaced by get_search_results; enables the search box
     search_help_text = "A job id, or text in its arguments (the latter reads every job)."
     ordering = ("-id",)
