@@ -19,9 +19,20 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.utils import timezone
 
+from django_jobs import enqueue_batch
 from django_jobs import task as jobs_task
-from django_jobs.models import ClaimedExecution, Job, JobStatus, Pause, Semaphore
-from tests import tasks
+from django_jobs.claims import claim_jobs, finish_job, start_job
+from django_jobs.models import (
+    ClaimedExecution,
+    Job,
+    JobStatus,
+    Pause,
+    RecurringExecution,
+    Semaphore,
+)
+from django_jobs.processes import register_process
+from django_jobs.queues import QueueSelector
+from tests import batch_tasks, tasks
 from tests.factories import (
     FailedExecutionFactory,
     FinishedJobFactory,
@@ -180,6 +191,44 @@ def test_the_stuck_page_shows_a_planted_stuck_job(page):
     assert section.locator(".jobs-stuck-count").inner_text() == "1"
     section.get_by_role("link", name=f"#{claim.job_id}").click()
     assert "claimed" in page.locator("#execution").inner_text()
+
+
+def test_run_a_recurring_task_now_and_follow_a_batch(page, settings):
+    settings.DJANGO_JOBS = {
+        **settings.DJANGO_JOBS,
+        "recurring": {"nightly": {"task": "tests.tasks.echo", "schedule": "0 3 * * *"}},
+    }
+    batch = enqueue_batch(
+        [(batch_tasks.item, [n], {}) for n in range(3)],
+        on_finish=batch_tasks.callback,
+        description="import",
+    )
+    worker = register_process("default", "worker")
+    (first,) = claim_jobs("default", worker.pk, QueueSelector(("*",)), 1)
+    assert start_job("default", first, worker.pk, worker.name)
+    finish_job("default", first.pk, worker.pk, None)
+
+    log_in(page, "ops", path="/admin/django_jobs/dashboard/")
+    page.locator("#content").get_by_role("link", name="Recurring tasks").click()
+    row = page.locator("#recurring-nightly")
+    assert "0 3 * * *" in row.inner_text()
+    row.get_by_role("button", name="Run now").click()
+    (job,) = Job.objects.filter(task_path="tests.tasks.echo")
+    assert f"Recurring task “nightly” enqueued now: job #{job.pk}." in message(page)
+    assert f"#{job.pk}" in page.locator("#recurring-nightly .jobs-last-run").inner_text()
+    assert RecurringExecution.objects.get().job_id == job.pk
+
+    page.locator("#content").get_by_role("link", name="Batches").click()
+    page.locator("#result_list").get_by_role("link", name="import").click()
+    page.wait_for_url(f"**/admin/django_jobs/batch/{batch.id}/change/")
+    assert page.locator("#batch-done").inner_text() == "1/3"
+    assert page.locator("#batch-bar").get_attribute("value") == "1"
+    assert "not yet enqueued" in page.locator("#callback-on_finish").inner_text()
+    page.locator("#batch-all-items").click()
+    page.wait_for_url(f"**batch={batch.id}")
+    assert page.locator("#result_list tbody tr").count() == 3
+    page.go_back()  # end on the batch page, for the screenshot
+    page.wait_for_url(f"**/admin/django_jobs/batch/{batch.id}/change/")
 
 
 def test_a_view_only_user_sees_the_job_but_cannot_act(page):
