@@ -1,4 +1,4 @@
-"""Example tasks for the demo: plain, retried, limited per key, deferred, async."""
+"""Example tasks for the demo: plain, retried, limited per key, deferred, async, unique, batch."""
 
 import asyncio
 import logging
@@ -42,3 +42,23 @@ def sync_account(account_id: int) -> int:
 async def fetch_status(url: str) -> dict:
     await asyncio.sleep(0.05)
     return {"url": url, "status": 200}
+
+
+@jobs_task(unique_key="rebuild:{account_id}")
+def rebuild_index(account_id: int) -> int:
+    """Unique: enqueueing it again while one waits or runs returns the existing job."""
+    time.sleep(0.2)
+    return account_id
+
+
+@task
+def import_row(row: int) -> int:
+    time.sleep(0.05)
+    return row
+
+
+@task
+def import_done(batch_id: int, succeeded: int, failed: int) -> str:
+    """The batch's on_finish callback: runs once, after the last row."""
+    logger.info("batch %s done: %s imported, %s failed", batch_id, succeeded, failed)
+    return f"{succeeded} imported, {failed} failed"

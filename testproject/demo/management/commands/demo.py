@@ -6,7 +6,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from django_jobs import bulk_enqueue
+from django_jobs import bulk_enqueue, enqueue_batch
 from testproject.demo import tasks
 
 
@@ -28,6 +28,19 @@ class Command(BaseCommand):
             [(tasks.send_welcome_email, [user_id], {}) for user_id in range(1, 6)]
         )
         results += [tasks.sync_account.enqueue(account_id=1) for _ in range(3)]
+        # Unique: the second call returns the first call's job.
+        results += [tasks.rebuild_index.enqueue(account_id=1)]
+        duplicate = tasks.rebuild_index.enqueue(account_id=1)
+        batch = enqueue_batch(
+            [(tasks.import_row, [row], {}) for row in range(4)],
+            on_finish=tasks.import_done,
+            description="demo import",
+        )
+        results += batch.results
+        self.stdout.write(
+            f"rebuild_index enqueued twice: one job (#{duplicate.id}); "
+            f"batch #{batch.id} with {len(batch.results)} rows and an on_finish callback"
+        )
         self.stdout.write(
             self.style.SUCCESS(
                 f"Enqueued {len(results)} demo jobs; starting run_jobs (Ctrl-C stops)."
@@ -35,6 +48,9 @@ class Command(BaseCommand):
         )
         call_command("run_jobs", single_process=True, once=options["once"], verbosity=1)
         self.stdout.write("Results:")
+        callback_id = batch.refresh().callback_jobs.get("on_finish")
+        if callback_id:
+            results.append(tasks.import_done.get_result(str(callback_id)))
         for result in results:
             result.refresh()
             value = result.return_value if result.status == "SUCCESSFUL" else ""
