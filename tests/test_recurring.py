@@ -448,3 +448,20 @@ def test_the_scheduler_survives_a_database_error_and_starts_over(monkeypatch, ca
     (execution,) = RecurringExecution.objects.all()
     assert execution.run_at == failed[0] == every.schedule.latest(timezone.now())
     assert list(Job.objects.values_list("pk", flat=True)) == [execution.job_id]
+
+
+def test_a_stalled_scheduler_catches_up_the_latest_tick_only(monkeypatch):
+    """A pass far behind (a suspended process) gets the start-up rule, not a burst."""
+    every = entry("every", schedule="every 10 seconds")
+    now = timezone.now()
+    s = scheduler(every)
+    s.start_up(now)
+    assert not s.stalled(now)
+    resumed = now + timedelta(minutes=10)
+    assert s.stalled(resumed)
+    monkeypatch.setattr(scheduler_module.timezone, "now", lambda: resumed)
+    monkeypatch.setattr(s.lifecycle, "sleep", lambda seconds: s.lifecycle.stopping.set())
+    s.run()  # one pass: its sleep stops it
+    (tick,) = RecurringExecution.objects.values_list("run_at", flat=True)
+    assert tick == every.schedule.latest(resumed)
+    assert Job.objects.count() == 1

@@ -41,6 +41,10 @@ logger = logging.getLogger("django_jobs.scheduler")
 COUNT_LIMIT = 1000
 # Waking this much after a tick, not exactly on it, so the clock reads past it.
 LATE = 0.002
+# A pass that starts this much later than the sleep allowed (a suspended process, a
+# stalled machine) is a restart in all but name: it gets the start-up rule (latest tick
+# only), not a burst of every tick missed meanwhile.
+STALL_SECONDS = 60.0
 
 
 class Scheduler:
@@ -62,6 +66,9 @@ class Scheduler:
         backoff = Backoff(self.conf.db_retry_max_delay)
         while not self.lifecycle.stopping.is_set():
             try:
+                if self.started and self.stalled(timezone.now()):
+                    logger.warning("scheduler stalled; catching up the latest ticks only")
+                    self.started = False
                 if self.started:
                     self.fire_due(timezone.now())
                 else:
@@ -98,6 +105,15 @@ class Scheduler:
                     latest.isoformat(),
                 )
             self.fire(entry, latest)
+
+    def stalled(self, now: datetime) -> bool:
+        """Whether some task's next tick is overdue by more than a stall."""
+        limit = STALL_SECONDS + self.conf.dispatcher_interval
+        return any(
+            (now - entry.schedule.next(self.seen[entry.key])).total_seconds() > limit
+            for entry in self.entries
+            if entry.key in self.seen
+        )
 
     def fire_due(self, now: datetime) -> None:
         """Enqueue every tick that came due since the last pass."""
