@@ -344,3 +344,17 @@ def test_staff_without_job_permissions_are_kept_out(client):
     batch_id = enqueue_batch(items(1)).id
     for page in (url(RECURRING_PAGE), url("batch_changelist"), url("batch_change", batch_id)):
         assert client.get(page).status_code == 403, page
+
+
+def test_page_entries_expose_no_stock_edit_form(admin_client):
+    """The proxies' (and recurring tasks') model rows are changed only through actions."""
+    job_id = int(bt.item.enqueue(1).id)
+    RecurringTask.objects.create(key="nightly", task_path="tests.tasks.echo", schedule="@daily")
+    row = RecurringTask.objects.get().pk
+    for model, pk in (("dashboard", job_id), ("stuckjob", job_id), ("recurringtask", row)):
+        for what in ("change", "delete", "history"):
+            path = f"/admin/django_jobs/{model}/{pk}/{what}/"
+            assert admin_client.get(path).status_code == 404, path
+    post = admin_client.post(f"/admin/django_jobs/dashboard/{job_id}/change/", {"priority": 9})
+    assert post.status_code == 404
+    assert Job.objects.get(pk=job_id).priority == 0

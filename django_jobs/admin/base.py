@@ -8,6 +8,7 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.urls import path
 
 from ..conf import JobsSettings
 from .permissions import can_act_on_jobs, can_view_jobs
@@ -43,6 +44,18 @@ class PageAdmin(JobsPermissionsMixin, admin.ModelAdmin):
 
     def page_context(self, request: HttpRequest) -> dict[str, Any]:
         raise NotImplementedError
+
+    def get_urls(self):
+        """The page alone: the stock add, change and delete views of the model behind the
+        proxy would edit a job's (or a semaphore's) row past the operations' locks."""
+        opts = self.model._meta
+        return [
+            path(
+                "",
+                self.admin_site.admin_view(self.changelist_view),
+                name=f"{opts.app_label}_{opts.model_name}_changelist",
+            )
+        ]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
         if not self.has_view_permission(request):

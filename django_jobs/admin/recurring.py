@@ -14,7 +14,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 
@@ -141,10 +141,10 @@ class RecurringTaskAdmin(PageAdmin):
             return self.admin_site.admin_view(view)
 
         return [
-            path("", wrap(self.changelist_view), name="django_jobs_recurringtask_changelist"),
             path("run-now/", wrap(self.run_now_view), name="django_jobs_recurringtask_run_now"),
             path("enable/", wrap(self.enable_view), name="django_jobs_recurringtask_enable"),
             path("disable/", wrap(self.disable_view), name="django_jobs_recurringtask_disable"),
+            *super().get_urls(),
         ]
 
     def page_url(self) -> str:
@@ -207,9 +207,6 @@ class RecurringTaskAdmin(PageAdmin):
         if request.method != "GET":
             raise PermissionDenied("use the page's buttons")
         return super().changelist_view(request, extra_context)
-
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        raise Http404("recurring tasks are edited in settings")
 
 
 def ensure_row(db: str, key: str) -> bool:
