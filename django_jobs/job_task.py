@@ -77,23 +77,19 @@ class JobTask(Task):
         The group defaults to the task's path, so two tasks share a limit only
         when they name the same ``concurrency_group``.
         """
-        key = self.concurrency_key
-        if key is None:
-            return None
-        if callable(key):
-            resolved = key(*args, **kwargs)
-        else:
-            resolved = key.format(**bound_arguments(self, args, kwargs))
-        if not isinstance(resolved, str) or not resolved:
-            raise InvalidTask(f"concurrency_key of {self.module_path} must give a non-empty string")
-        full = f"{self.concurrency_group or self.module_path}/{resolved}"
-        if len(full) > 255:
-            raise InvalidTask(f"concurrency key {full[:60]!r}... is longer than 255 characters")
-        return full
+        return self.resolve_key(
+            "concurrency_key", self.concurrency_group or self.module_path, args, kwargs
+        )
 
     def resolve_unique_key(self, args: list[Any], kwargs: dict[str, Any]) -> str | None:
         """The unique key of one call, ``task path/key``: unique per task, like a limit's group."""
-        key = self.unique_key
+        return self.resolve_key("unique_key", self.module_path, args, kwargs)
+
+    def resolve_key(
+        self, option: str, prefix: str, args: list[Any], kwargs: dict[str, Any]
+    ) -> str | None:
+        """Fill the key option ``option`` (a template or a callable) from one call's arguments."""
+        key = getattr(self, option)
         if key is None:
             return None
         if callable(key):
@@ -101,10 +97,11 @@ class JobTask(Task):
         else:
             resolved = key.format(**bound_arguments(self, args, kwargs))
         if not isinstance(resolved, str) or not resolved:
-            raise InvalidTask(f"unique_key of {self.module_path} must give a non-empty string")
-        full = f"{self.module_path}/{resolved}"
+            raise InvalidTask(f"{option} of {self.module_path} must give a non-empty string")
+        full = f"{prefix}/{resolved}"
         if len(full) > 255:
-            raise InvalidTask(f"unique key {full[:60]!r}... is longer than 255 characters")
+            kind = option.replace("_", " ")
+            raise InvalidTask(f"{kind} {full[:60]!r}... is longer than 255 characters")
         return full
 
     @property
