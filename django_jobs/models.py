@@ -68,7 +68,7 @@ class Batch(models.Model):
     callback_jobs = models.JSONField(default=dict, blank=True)
     concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
     # The job that enqueued this batch, when a task (e.g. another batch's callback) did.
-    parent_job_id = models.BigIntegerField(null=True, blank=True)
+    parent_job_id = models.BigIntegerField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
