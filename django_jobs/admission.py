@@ -38,8 +38,11 @@ def admit_jobs(db: str, jobs: Iterable[Job]) -> None:
             keyless.append(job)
     if keyless:
         make_ready(db, keyless)
+    discarded: list[Job] = []
     for key in sorted(by_key):
-        admit_to_key(db, key, by_key[key])
+        discarded += admit_to_key(db, key, by_key[key])
+    # Batch rows come after every semaphore (lock order): counted once all keys are done.
+    count_discarded(db, discarded)
 
 
 def make_ready(db: str, jobs: list[Job]) -> None:
@@ -92,7 +95,8 @@ def lock_existing_semaphore(db: str, key: str) -> Semaphore | None:
     return Semaphore.objects.using(db).select_for_update().filter(key=key).first()
 
 
-def admit_to_key(db: str, key: str, jobs: list[Job]) -> None:
+def admit_to_key(db: str, key: str, jobs: list[Job]) -> list[Job]:
+    """Admit ``jobs`` of ``key`` as far as its free slots go; return the ones discarded."""
     limit = max(job.concurrency_limit or 1 for job in jobs)
     semaphore = lock_semaphore(db, key, limit)
     if semaphore.limit != limit:
@@ -121,7 +125,6 @@ def admit_to_key(db: str, key: str, jobs: list[Job]) -> None:
         )
         for job in discarded:
             job.status, job.finished_at, job.unique_lock = JobStatus.DISCARDED, now, None
-        count_discarded(db, discarded)
     if blocked:
         BlockedExecution.objects.using(db).bulk_create(
             [
@@ -135,6 +138,7 @@ def admit_to_key(db: str, key: str, jobs: list[Job]) -> None:
             ]
         )
         set_status(db, blocked, JobStatus.BLOCKED)
+    return discarded
 
 
 def count_discarded(db: str, jobs: list[Job]) -> None:

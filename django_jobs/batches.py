@@ -134,8 +134,10 @@ def count_outcomes(db: str, outcomes: Mapping[int, tuple[int, int]]) -> None:
     for batch_id in sorted(outcomes):
         succeeded, failed = outcomes[batch_id]
         batch = Batch.objects.using(db).select_for_update().filter(pk=batch_id).first()
-        if batch is None:
-            continue  # pruned; nothing left to report to
+        if batch is None or batch.finished_at is not None:
+            # Pruned, or an item an operator retried after the batch completed: the
+            # verdict stands and the retried job's outcome is its own.
+            continue
         batch.pending = max(0, batch.pending - succeeded - failed)
         batch.succeeded += succeeded
         batch.failed += failed

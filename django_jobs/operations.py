@@ -31,10 +31,14 @@ def retry_failed_job(db: str, job_id: int) -> bool:
     The attempt count and every earlier error are kept; ``max_attempts`` grows
     to allow exactly one more attempt (the worker's own retry rules still apply
     to it, so a job that fails again is failed again, not retried forever).
+    A unique job takes its key back, and is not retried (False) while another
+    job holds that key.
     """
     with transaction.atomic(using=db):
         job = Job.objects.using(db).select_for_update().filter(pk=job_id).first()
         if job is None or job.status != JobStatus.FAILED:
+            return False
+        if job.unique_key and not retake_unique_key(db, job):
             return False
         job.max_attempts = max(job.max_attempts, job.attempts + 1)
         job.finished_at = None
@@ -43,6 +47,19 @@ def retry_failed_job(db: str, job_id: int) -> bool:
         admission.admit_jobs(db, [job])
         # Lock order: job row, semaphore (admission), then the batch row.
         reopen_item(db, job.batch_id)
+    return True
+
+
+def retake_unique_key(db: str, job: Job) -> bool:
+    """Set the failed job's ``unique_lock`` again; False if another job holds the key."""
+    if Job.objects.using(db).filter(unique_lock=job.unique_key).exists():
+        return False
+    try:
+        with transaction.atomic(using=db):
+            Job.objects.using(db).filter(pk=job.pk).update(unique_lock=job.unique_key)
+    except IntegrityError:
+        return False
+    job.unique_lock = job.unique_key
     return True
 
 

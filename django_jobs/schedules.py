@@ -81,6 +81,11 @@ class CronSchedule:
             found = whole_second(tick)
             # The DST fix-up can move a tick forward past the start; skip those.
             if found <= limit:
+                # In an autumn fold, reverse iteration can skip today's tick of a
+                # fixed-time cron and give yesterday's: step forward to the real latest.
+                following = self.next(found)
+                while following <= limit:
+                    found, following = following, self.next(following)
                 return found
         raise AssertionError("unreachable: cronsim iterates forever")  # pragma: no cover
 

@@ -32,8 +32,17 @@ def insert_unique(db: str, job: Job) -> Job | None:
 
     Must run inside ``transaction.atomic(using=db)``: the insert is tried in a
     savepoint, so a duplicate leaves the caller's transaction usable.
+
+    A plain (non-locking) read for a committed holder comes first. It decides
+    nothing (the index does); it spares the common duplicate a failed insert,
+    which on InnoDB keeps a shared lock on the key and the gap before it until
+    the caller commits: that would hold up the holder's own release of the key
+    and inserts of other jobs into that gap.
     """
     for _ in range(MAX_INSERT_TRIES):
+        holder = Job.objects.using(db).filter(unique_lock=job.unique_lock).first()
+        if holder is not None:
+            return holder
         try:
             with transaction.atomic(using=db):
                 job.save(using=db, force_insert=True)

@@ -5,14 +5,20 @@ PostgreSQL and MariaDB only: SQLite serialises whole write transactions.
 
 from __future__ import annotations
 
-import pytest
-from django.db import connection, transaction  # noqa: F401  (skipif reads connection)
+from datetime import timedelta
 
+import pytest
+from django.db import OperationalError, connection, transaction  # noqa: F401  (skipif reads it)
+from django.utils import timezone
+
+from django_jobs import admission, batches, claims, enqueue_batch
 from django_jobs import backend as backend_module
-from django_jobs import batches, claims, enqueue_batch
+from django_jobs import task as jobs_task
 from django_jobs.claims import claim_jobs, finish_job, start_job
-from django_jobs.models import Batch, Job
+from django_jobs.models import Batch, Job, ReadyExecution, ScheduledExecution
 from django_jobs.processes import register_process
+from django_jobs.queues import QueueSelector
+from django_jobs.scheduling import promote_due_jobs
 from tests import batch_tasks as bt
 from tests.test_races import ALL, DB, Paused, Runner, wait_for
 
@@ -119,3 +125,79 @@ def test_unprotected_read_then_insert_makes_two_jobs(monkeypatch):
     first, second = race_two_unique_enqueues(monkeypatch)
     assert first != second
     assert Job.objects.filter(task_path="tests.batch_tasks.unique_report").count() == 2
+
+
+# --- a batch item discarded at admission, while another item of the batch finishes -----
+
+
+@jobs_task(concurrency_key="k:{k}", concurrency_group="race", on_conflict="discard")
+def discarding(k: int, n: int = 0) -> int:
+    return k
+
+
+@jobs_task(concurrency_key="k:{k}", concurrency_group="race")
+def blocking(k: int, n: int = 0) -> int:
+    return k
+
+
+def race_promotion_against_item_finish(monkeypatch, worker) -> dict[str, BaseException]:
+    """The dispatcher promotes a batch item onto full key 1 (it is discarded) and a job
+    of key 2, pausing between the two keys; meanwhile an item of the same batch holding
+    key 2 finishes (key 2, then the batch row)."""
+    later = timezone.now() + timedelta(hours=1)
+    made = enqueue_batch(
+        [
+            (discarding, [1, 0], {}),  # holds key 1
+            (discarding.using(run_after=later), [1, 1], {}),  # due later, onto a full key 1
+            (discarding, [2, 0], {}),  # holds key 2; finishes during the promotion
+        ]
+    )
+    finishing = int(made.results[2].id)
+    blocking.enqueue(2, 9)  # blocked behind the finishing item
+    blocking.using(run_after=later).enqueue(2, 10)  # due later, onto key 2
+    # Claim exactly the key-2 holder: park the other ready job for the claim.
+    ReadyExecution.objects.exclude(job_id=finishing).update(queue_name="parked")
+    (claimed,) = claim_jobs(DB, worker.pk, QueueSelector(("default",)), 1)
+    ReadyExecution.objects.filter(queue_name="parked").update(queue_name="default")
+    assert claimed.pk == finishing
+    assert start_job(DB, claimed, worker.pk, worker.name)
+    ScheduledExecution.objects.update(scheduled_at=timezone.now() - timedelta(seconds=1))
+
+    paused = Paused(monkeypatch, admission, "admit_to_key")
+    dispatcher = Runner(lambda: promote_due_jobs(DB, 10), paused)
+    dispatcher.start()
+    assert paused.reached.wait(10)  # key 1 done (its item discarded); key 2 not yet locked
+    finish = Runner(lambda: finish_job(DB, finishing, worker.pk, None))
+    finish.start()
+    wait_for(finish.blocked_or_done, "the finish to block or end")
+    paused.resume.set()
+    errors: dict[str, BaseException] = {}
+    for name, runner in (("dispatcher", dispatcher), ("finish", finish)):
+        try:
+            runner.finish()
+        except OperationalError as exc:
+            errors[name] = exc
+    return errors
+
+
+def test_a_discard_at_promotion_counts_its_batch_after_every_semaphore(monkeypatch, worker):
+    """Lock order (DESIGN.md section 4): ``admit_jobs`` counts discarded batch items once
+    every key is done, so a promotion never holds a batch row while it waits for a
+    semaphore that a finishing item of that batch holds."""
+    errors = race_promotion_against_item_finish(monkeypatch, worker)
+    assert errors == {}
+    batch = Batch.objects.get()
+    assert (batch.pending, batch.succeeded, batch.failed) == (1, 1, 1)
+
+
+def test_unprotected_counting_a_discard_per_key_deadlocks(monkeypatch, worker):
+    original = admission.admit_to_key
+
+    def count_per_key(db, key, jobs):
+        admission.count_discarded(db, original(db, key, jobs))
+        return []
+
+    monkeypatch.setattr(admission, "admit_to_key", count_per_key)
+    errors = race_promotion_against_item_finish(monkeypatch, worker)
+    assert len(errors) == 1
+    assert "deadlock" in str(next(iter(errors.values()))).lower()

@@ -214,6 +214,10 @@ def test_retrying_an_item_after_the_batch_finished_leaves_the_verdict(worker):
     assert operations.retry_failed_job(DB, failed_id)
     after = made.refresh()
     assert (after.pending, after.failed, after.finished_at) == (0, 1, before.finished_at)
+    Job.objects.filter(pk=failed_id).update(kwargs={})  # the retry succeeds...
+    assert run(worker, failed_id)
+    final = made.refresh()  # ...and the completed batch's counts do not move
+    assert (final.total, final.pending, final.succeeded, final.failed) == (1, 0, 0, 1)
     assert len(callbacks(made.id)) == 1
 
 

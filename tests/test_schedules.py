@@ -143,6 +143,21 @@ def test_cron_in_the_autumn_fold_runs_once():
     assert found == [utc(2026, 10, 25, 0), utc(2026, 10, 26, 1)]
 
 
+@pytest.mark.parametrize(
+    ("expression", "zone", "moment", "latest"),
+    [
+        # 01:30 EDT (05:30 UTC) is that day's tick; at 06:15 UTC the clock reads 01:15 EST.
+        ("30 1 * * *", "America/New_York", utc(2025, 11, 2, 6, 15), utc(2025, 11, 2, 5, 30)),
+        ("0 2 * * *", "Europe/Paris", utc(2026, 10, 25, 0, 30), utc(2026, 10, 25, 0)),
+    ],
+)
+def test_the_latest_tick_inside_the_autumn_fold_is_todays(expression, zone, moment, latest):
+    """Reverse iteration alone gave the day before's tick here (a review found it)."""
+    schedule = parse_schedule(expression, zone)
+    assert schedule.latest(moment) == latest
+    assert schedule.next(latest - timedelta(seconds=1)) == latest
+
+
 def test_an_hourly_cron_ticks_every_real_hour_through_the_fold():
     schedule = parse_schedule("30 * * * *", "Europe/Paris")
     found = ticks(schedule, utc(2026, 10, 24, 23), 4)

@@ -9,7 +9,7 @@ from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
-from django_jobs import bulk_enqueue, enqueue_batch
+from django_jobs import bulk_enqueue, enqueue_batch, operations
 from django_jobs import task as jobs_task
 from django_jobs.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
 from django_jobs.discard import discard_job
@@ -168,3 +168,20 @@ def test_a_unique_task_cannot_be_a_batch_item():
     with pytest.raises(InvalidTask, match="unique"):
         enqueue_batch([(bt.unique_report, [1], {})], on_finish=bt.callback)
     assert not Job.objects.exists()
+
+
+def test_an_operator_retry_takes_the_key_back_or_is_refused(worker):
+    first = int(bt.unique_report.enqueue(7).id)
+    claim_and_start(worker, first)
+    assert fail_job(DB, first, worker.pk, BOOM, retry=False) is not None
+    assert operations.retry_failed_job(DB, first)
+    assert Job.objects.get(pk=first).unique_lock is not None
+    assert int(bt.unique_report.enqueue(7).id) == first  # waiting again: covered again
+    # Failed again, and meanwhile another job took the key: the retry is refused.
+    claim_and_start(worker, first)
+    assert fail_job(DB, first, worker.pk, BOOM, retry=False) is not None
+    other = int(bt.unique_report.enqueue(7).id)
+    assert other != first
+    assert not operations.retry_failed_job(DB, first)
+    assert Job.objects.get(pk=first).status == JobStatus.FAILED
+    assert Job.objects.filter(unique_lock__isnull=False).get().pk == other
