@@ -34,7 +34,7 @@ from django_jobs.queues import QueueSelector
 from django_jobs.scheduling import promote_due_jobs
 from tests import batch_tasks as bt
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 DB = "default"
 ALL = QueueSelector(("*",))

@@ -20,7 +20,7 @@ from django_jobs.scheduling import promote_due_jobs
 from tests import batch_tasks as bt
 from tests import tasks
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 DB = "default"
 ALL = QueueSelector(("*",))
