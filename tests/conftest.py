@@ -7,6 +7,14 @@ import pytest
 from tests.harness import RunJobs, database_url
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """Django's default hasher spends ~0.5 s per password by design; the admin tests
+    create a user each, which made them most of the suite's time. Logins still check
+    the password, with a hasher that is cheap."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def jobs_db(settings) -> str:
     """The alias the backend writes to (``default`` in the test project)."""
