@@ -16,6 +16,19 @@ def fast_password_hashing(settings):
 
 
 @pytest.fixture
+def viewer(db):
+    """A logged-in admin client of a staff user who may view jobs and change nothing."""
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
 def jobs_db(settings) -> str:
     """The alias the backend writes to (``default`` in the test project)."""
     return "default"

@@ -7,7 +7,7 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -64,15 +64,6 @@ def text(response) -> str:
     """The page's visible text, tags stripped and whitespace squeezed."""
     html = response.content.decode()
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
-
-
-@pytest.fixture
-def viewer(db) -> Client:
-    user = User.objects.create_user("viewer", password="pw", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="view_job"))
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def failed_job(**kwargs) -> Job:

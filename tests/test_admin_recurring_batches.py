@@ -4,12 +4,11 @@ same number of queries however many items it has."""
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
@@ -25,6 +24,7 @@ from django_jobs.processes import register_process
 from django_jobs.queues import QueueSelector
 from django_jobs.recurring import enqueue_tick, parse_entry, sync_recurring_tasks
 from tests import batch_tasks as bt
+from tests.test_admin import messages_of, text
 
 pytestmark = pytest.mark.django_db
 
@@ -46,24 +46,6 @@ def url(name: str, *args) -> str:
 
 
 RECURRING_PAGE = "recurringtask_changelist"
-
-
-def messages_of(response) -> list[str]:
-    return [str(m) for m in response.context["messages"]] if response.context else []
-
-
-def text(response) -> str:
-    html = response.content.decode()
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
-
-
-@pytest.fixture
-def viewer(db) -> Client:
-    user = User.objects.create_user("viewer", password="pw", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="view_job"))
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def rows_of(response) -> dict:
