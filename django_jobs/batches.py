@@ -142,7 +142,7 @@ def count_outcomes(db: str, outcomes: Mapping[int, tuple[int, int]]) -> None:
         batch.succeeded += succeeded
         batch.failed += failed
         fields = ["pending", "succeeded", "failed"]
-        if batch.pending == 0 and batch.finished_at is None:
+        if batch.pending == 0:
             complete(db, batch)
             fields += ["finished_at", "callback_jobs"]
         batch.save(using=db, update_fields=fields)

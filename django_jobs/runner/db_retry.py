@@ -5,8 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from django.db import InterfaceError, OperationalError, connections
+
+if TYPE_CHECKING:
+    from .lifecycle import Lifecycle
 
 logger = logging.getLogger("django_jobs.runner")
 
@@ -33,6 +37,36 @@ class Backoff:
 
     def reset(self) -> None:
         self.delay = 0.0
+
+
+def loop_until_stopped(
+    db: str,
+    lifecycle: Lifecycle,
+    step: Callable[[], float],
+    *,
+    on_outage: Callable[[], None],
+    max_delay: float,
+    log: logging.Logger,
+) -> None:
+    """Run ``step`` until stopped, sleeping the seconds it returns; ride out outages.
+
+    A step that loses the database drops the connection, lets the caller forget
+    what the outage made stale (``on_outage``), and is tried again after a
+    growing delay, so the dispatcher and the scheduler survive it the same way.
+    """
+    backoff = Backoff(max_delay)
+    while not lifecycle.stopping.is_set():
+        try:
+            pause = step()
+            backoff.reset()
+        except DB_ERRORS as exc:
+            reset_connection(db)
+            on_outage()
+            delay = backoff.next()
+            log.warning("database unavailable (%s); retrying in %.2fs", exc, delay)
+            lifecycle.sleep(delay)
+            continue
+        lifecycle.sleep(pause)
 
 
 def retry_until_done[T](

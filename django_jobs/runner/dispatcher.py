@@ -9,7 +9,7 @@ from ..conf import JobsSettings
 from ..maintenance import clear_finished_jobs, reconcile_blocked_keys
 from ..processes import prune_dead_processes
 from ..scheduling import promote_due_jobs
-from .db_retry import DB_ERRORS, Backoff, reset_connection
+from .db_retry import loop_until_stopped
 from .lifecycle import Lifecycle
 
 logger = logging.getLogger("django_jobs.dispatcher")
@@ -41,28 +41,30 @@ class Dispatcher:
         self.prune_after: float | None = 0.0
 
     def run(self) -> None:
-        backoff = Backoff(self.conf.db_retry_max_delay)
-        while not self.lifecycle.stopping.is_set():
-            try:
-                self.tick()
-                backoff.reset()
-            except DB_ERRORS as exc:
-                reset_connection(self.db)
-                # While the database was away nobody could heartbeat: a stale
-                # heartbeat then says nothing about death. Once it is back, give
-                # every live process time to heartbeat before pruning anyone.
-                self.prune_after = None
-                delay = backoff.next()
-                logger.warning("database unavailable (%s); retrying in %.2fs", exc, delay)
-                self.lifecycle.sleep(delay)
-                continue
-            if self.prune_after is None:
-                self.prune_after = time.monotonic() + self.grace()
-                logger.info(
-                    "database reachable again; pruning dead processes resumes in %.1fs",
-                    self.grace(),
-                )
-            self.lifecycle.sleep(self.conf.dispatcher_interval)
+        loop_until_stopped(
+            self.db,
+            self.lifecycle,
+            self.step,
+            on_outage=self.suspend_pruning,
+            max_delay=self.conf.db_retry_max_delay,
+            log=logger,
+        )
+
+    def step(self) -> float:
+        self.tick()
+        if self.prune_after is None:
+            self.prune_after = time.monotonic() + self.grace()
+            logger.info(
+                "database reachable again; pruning dead processes resumes in %.1fs",
+                self.grace(),
+            )
+        return self.conf.dispatcher_interval
+
+    def suspend_pruning(self) -> None:
+        # While the database was away nobody could heartbeat: a stale heartbeat
+        # then says nothing about death. Once it is back, give every live
+        # process time to heartbeat before pruning anyone.
+        self.prune_after = None
 
     def grace(self) -> float:
         """Long enough for every live process's heartbeat thread to get through once."""

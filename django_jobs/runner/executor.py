@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import close_old_connections
-from django.tasks import TaskContext, TaskResultStatus
+from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 
 from ..batches import current_job_id
@@ -110,6 +110,17 @@ def start_once(job: Job, ctx: ExecutionContext) -> Callable[[], bool]:
     return action
 
 
+def call_task(task: Task, job: Job, result: TaskResult) -> object:
+    """The task's function, called with the job as the running one (for nested batches)."""
+    running = current_job_id.set(job.pk)
+    try:
+        if task.takes_context:
+            return task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
+        return task.call(*job.args, **job.kwargs)
+    finally:
+        current_job_id.reset(running)
+
+
 def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
     try:
         task = load_task(job.task_path)
@@ -141,15 +152,9 @@ def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
     task_started.send(type(task.get_backend()), task_result=result)
     logger.info("job started %s", describe(job))
     began = time.monotonic()
-    running = current_job_id.set(job.pk)
     try:
-        if task.takes_context:
-            value = task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
-        else:
-            value = task.call(*job.args, **job.kwargs)
-        value = json_return_value(value)
+        value = json_return_value(call_task(task, job, result))
     except BaseException as exc:  # SystemExit/KeyboardInterrupt of a task must not kill us
-        current_job_id.reset(running)
         duration = time.monotonic() - began
         error = error_info(exc)
         outcome = persist(
@@ -178,7 +183,6 @@ def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
         task_finished.send(type(task.get_backend()), task_result=result)
         return
 
-    current_job_id.reset(running)
     duration = time.monotonic() - began
     finished = persist(
         ctx, f"finishing job {job.pk}", lambda: finish_job(ctx.db, job.pk, ctx.process_id, value)

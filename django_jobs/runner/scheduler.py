@@ -30,7 +30,7 @@ from ..recurring import (
     sync_recurring_tasks,
     task_rows,
 )
-from .db_retry import DB_ERRORS, Backoff, reset_connection
+from .db_retry import DB_ERRORS, loop_until_stopped
 from .lifecycle import Lifecycle
 from .registration import registered
 
@@ -63,27 +63,30 @@ class Scheduler:
         self.started = False
 
     def run(self) -> None:
-        backoff = Backoff(self.conf.db_retry_max_delay)
-        while not self.lifecycle.stopping.is_set():
-            try:
-                if self.started and self.stalled(timezone.now()):
-                    logger.warning("scheduler stalled; catching up the latest ticks only")
-                    self.started = False
-                if self.started:
-                    self.fire_due(timezone.now())
-                else:
-                    self.start_up(timezone.now())
-                    self.started = True
-                backoff.reset()
-            except DB_ERRORS as exc:
-                reset_connection(self.db)
-                # Ticks that came due meanwhile are handled like a restart's.
-                self.started = False
-                delay = backoff.next()
-                logger.warning("database unavailable (%s); retrying in %.2fs", exc, delay)
-                self.lifecycle.sleep(delay)
-                continue
-            self.lifecycle.sleep(self.delay(timezone.now()))
+        loop_until_stopped(
+            self.db,
+            self.lifecycle,
+            self.step,
+            on_outage=self.restart,
+            max_delay=self.conf.db_retry_max_delay,
+            log=logger,
+        )
+
+    def step(self) -> float:
+        """One pass; returns the seconds to sleep before the next."""
+        if self.started and self.stalled(timezone.now()):
+            logger.warning("scheduler stalled; catching up the latest ticks only")
+            self.restart()
+        if self.started:
+            self.fire_due(timezone.now())
+        else:
+            self.start_up(timezone.now())
+            self.started = True
+        return self.delay(timezone.now())
+
+    def restart(self) -> None:
+        """Ticks that came due meanwhile (an outage, a stall) get the start-up rule."""
+        self.started = False
 
     def start_up(self, now: datetime) -> None:
         """Sync the rows, then enqueue each task's latest due tick if it is still free."""
