@@ -6,7 +6,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import path
 
@@ -31,6 +31,18 @@ class JobsPermissionsMixin:
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def object_to_show(self, request: HttpRequest, object_id: str, refusal: str) -> Any:
+        """The row a read-only detail page shows: GET only (``refusal`` says what to do
+        instead), 404 for a missing row, 403 without the view permission."""
+        if request.method != "GET":
+            raise PermissionDenied(refusal)
+        obj = self.get_object(request, object_id)
+        if obj is None:
+            raise Http404(f"no {self.model._meta.verbose_name} {object_id}")
+        if not self.has_view_permission(request, obj):
+            raise PermissionDenied
+        return obj
 
 
 class PageAdmin(JobsPermissionsMixin, admin.ModelAdmin):

@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
 from django.db.models import Exists, OuterRef, Q, QuerySet
-from django.http import Http404, HttpRequest
+from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
 from ..batches import CALLBACK_NAMES
@@ -111,13 +110,7 @@ class BatchAdmin(JobsPermissionsMixin, admin.ModelAdmin):
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None
     ):
         """Read-only: a batch's counters move only as its items finish."""
-        if request.method != "GET":
-            raise PermissionDenied("a batch cannot be edited")
-        batch = self.get_object(request, object_id)
-        if batch is None:
-            raise Http404(f"no batch {object_id}")
-        if not self.has_view_permission(request, batch):
-            raise PermissionDenied
+        batch = self.object_to_show(request, object_id, "a batch cannot be edited")
         return TemplateResponse(
             request, "admin/django_jobs/batch/detail.html", self.batch_context(request, batch)
         )

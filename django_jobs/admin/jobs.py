@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -148,13 +148,7 @@ class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None
     ):
-        if request.method != "GET":
-            raise PermissionDenied("use the job's action buttons")
-        job = self.get_object(request, object_id)
-        if job is None:
-            raise Http404(f"no job {object_id}")
-        if not self.has_view_permission(request, job):
-            raise PermissionDenied
+        job = self.object_to_show(request, object_id, "use the job's action buttons")
         can_act = self.has_change_permission(request, job)
         context = {
             **self.admin_site.each_context(request),
