@@ -17,6 +17,7 @@ from .backoff import backoff_to_json
 from .conf import database_alias
 from .job_task import JobTask, job_options
 from .models import Batch, FailedExecution, Job, JobStatus, ScheduledExecution
+from .pg_insert import CHUNK_SIZE, can_insert_in_one_statement, insert_ready_jobs
 from .results import build_result
 from .serialization import json_arguments
 from .uniqueness import insert_unique
@@ -51,13 +52,25 @@ class JobsBackend(BaseTaskBackend):
         instead of a new job (see ``django_jobs.uniqueness``). ``batch``: the
         (saved) batch the jobs are items of; ``django_jobs.batches`` passes it.
         """
-        prepared = [self.prepare_job(task, args, kwargs, batch) for task, args, kwargs in calls]
+        checked: dict[int, dict[str, Any]] = {}  # id(task) -> its options, validated once
+        prepared = [
+            self.prepare_job(task, args, kwargs, batch, checked) for task, args, kwargs in calls
+        ]
         if not prepared:
             return []
         db = self.database
+        quick = [job for job, _ in prepared if can_insert_in_one_statement(db, job)]
+        if len(quick) == len(prepared) and len(quick) <= CHUNK_SIZE:
+            # One statement, atomic on its own: no BEGIN/COMMIT round trips.
+            insert_ready_jobs(db, quick)
+            return self.enqueued([build_result(job, task=task) for job, task in prepared])
         holders: dict[int, Job] = {}
         with transaction.atomic(using=db):
-            plain = [job for job, _ in prepared if job.unique_lock is None]
+            insert_ready_jobs(db, quick)
+            quick_ids = {id(job) for job in quick}
+            plain = [
+                job for job, _ in prepared if job.unique_lock is None and id(job) not in quick_ids
+            ]
             Job.objects.using(db).bulk_create(plain, batch_size=BULK_BATCH_SIZE)
             if any(job.pk is None for job in plain):
                 # MySQL (unlike MariaDB) cannot return ids from a bulk insert.
@@ -83,15 +96,26 @@ class JobsBackend(BaseTaskBackend):
                     ],
                     batch_size=BULK_BATCH_SIZE,
                 )
-            admit_jobs(db, [job for job in jobs if job.status != JobStatus.SCHEDULED])
+            admit_jobs(
+                db,
+                [
+                    job
+                    for job in jobs
+                    if job.status != JobStatus.SCHEDULED and id(job) not in quick_ids
+                ],
+            )
             held = {index: self.get_result(str(holder.pk)) for index, holder in holders.items()}
         results = [
             held[index] if index in held else build_result(job, task=task)
             for index, (job, task) in enumerate(prepared)
         ]
-        for index, result in enumerate(results):
-            if index not in held:
-                task_enqueued.send(type(self), task_result=result)
+        self.enqueued([result for index, result in enumerate(results) if index not in held])
+        return results
+
+    def enqueued(self, results: list[TaskResult]) -> list[TaskResult]:
+        """Send ``task_enqueued`` for each new job's result."""
+        for result in results:
+            task_enqueued.send(type(self), task_result=result)
         return results
 
     def prepare_job(
@@ -100,10 +124,18 @@ class JobsBackend(BaseTaskBackend):
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         batch: Batch | None = None,
+        checked: dict[int, dict[str, Any]] | None = None,
     ) -> tuple[Job, Task]:
-        self.validate_task(task)
+        """An unsaved job for one call. ``checked`` caches each task's validation and
+        options across the calls of one bulk enqueue (the calls hold the tasks alive,
+        so ``id()`` is stable)."""
+        options = None if checked is None else checked.get(id(task))
+        if options is None:
+            self.validate_task(task)
+            options = job_options(task)
+            if checked is not None:
+                checked[id(task)] = options
         json_args, json_kwargs = json_arguments(args, kwargs)
-        options = job_options(task)
         is_job_task = isinstance(task, JobTask)
         key = task.resolve_concurrency_key(json_args, json_kwargs) if is_job_task else None
         unique = task.resolve_unique_key(json_args, json_kwargs) if is_job_task else None
