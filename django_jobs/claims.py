@@ -10,6 +10,8 @@ rolls everything back and leaves the claim for recovery (DESIGN.md section 4).
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -19,7 +21,7 @@ from django.utils import timezone
 
 from .admission import admit_jobs, hand_back_to_key, make_ready, release_slot
 from .backoff import retry_delay
-from .batches import count_outcome
+from .batches import count_outcome, count_outcomes
 from .models import (
     ClaimedExecution,
     FailedExecution,
@@ -168,62 +170,118 @@ def lock_own_claim(db: str, job_id: int, process_id: int) -> ClaimedExecution | 
 
 
 def start_job(db: str, job: Job, process_id: int, worker_id: str) -> bool:
-    """Count the attempt, just before the function runs; False if the claim was lost.
+    """Count the attempt of one job, just before it runs; False if the claim was lost."""
+    return bool(start_jobs(db, [job], process_id, worker_id))
+
+
+def start_jobs(db: str, jobs: list[Job], process_id: int, worker_id: str) -> list[Job]:
+    """Count the attempt of each job about to run, in one transaction; return those started.
 
     Counting here and nowhere else is what keeps ``attempts`` honest: a job
     claimed and handed back, blocked or recovered before this point has cost
-    nothing (pg-boss #759).
+    nothing (pg-boss #759). A job whose claim this process no longer holds is
+    left alone and left out of the result.
     """
+    if not jobs:
+        return []
     with transaction.atomic(using=db):
-        if lock_own_claim(db, job.pk, process_id) is None:
-            return False
-        # Counted from the row, read under the claim's lock, not from the caller's
-        # copy of the job, which may be older than an earlier attempt.
-        attempts, worker_ids, started_at, unique_until = (
-            Job.objects.using(db)
-            .filter(pk=job.pk)
-            .values_list("attempts", "worker_ids", "started_at", "unique_until")
-            .get()
+        held = list(
+            ClaimedExecution.objects.using(db)
+            .select_for_update()
+            .filter(job_id__in=[job.pk for job in jobs], process_id=process_id)
+            .order_by("job_id")
+            .values_list("job_id", flat=True)
         )
+        if not held:
+            return []
+        # Read under the claims' locks, not taken from the callers' copies, which
+        # may be older than an earlier attempt.
+        rows = {
+            pk: (attempts, worker_ids or [], started_at, unique_until)
+            for pk, attempts, worker_ids, started_at, unique_until in Job.objects.using(db)
+            .filter(pk__in=held)
+            .values_list("pk", "attempts", "worker_ids", "started_at", "unique_until")
+        }
         now = timezone.now()
-        attempts += 1
-        worker_ids = [*(worker_ids or []), worker_id]
-        started_at = started_at or now
-        # A job unique only while waiting lets go of its key as it starts.
-        released = {"unique_lock": None} if unique_until == UniqueUntil.START else {}
-        Job.objects.using(db).filter(pk=job.pk).update(
-            status=JobStatus.RUNNING,
-            attempts=attempts,
-            worker_ids=worker_ids,
-            started_at=started_at,
-            last_attempted_at=now,
-            **released,
-        )
-    job.status = JobStatus.RUNNING
-    job.attempts = attempts
-    job.worker_ids = worker_ids
-    job.started_at = started_at
-    job.last_attempted_at = now
-    return True
+        # Jobs whose new column values coincide share one UPDATE (usually all of them).
+        groups: dict[tuple[int, str, bool, bool], list[int]] = defaultdict(list)
+        for pk, (attempts, worker_ids, started_at, unique_until) in rows.items():
+            shape = (
+                attempts,
+                json.dumps([*worker_ids, worker_id]),
+                started_at is None,
+                unique_until == UniqueUntil.START,
+            )
+            groups[shape].append(pk)
+        for (attempts, worker_ids, first_start, releases_key), pks in groups.items():
+            # A job unique only while waiting lets go of its key as it starts.
+            released = {"unique_lock": None} if releases_key else {}
+            first = {"started_at": now} if first_start else {}
+            Job.objects.using(db).filter(pk__in=pks).update(
+                status=JobStatus.RUNNING,
+                attempts=attempts + 1,
+                worker_ids=json.loads(worker_ids),
+                last_attempted_at=now,
+                **first,
+                **released,
+            )
+    started = []
+    for job in jobs:
+        if job.pk in rows:
+            attempts, worker_ids, started_at, _ = rows[job.pk]
+            job.status = JobStatus.RUNNING
+            job.attempts = attempts + 1
+            job.worker_ids = [*worker_ids, worker_id]
+            job.started_at = started_at or now
+            job.last_attempted_at = now
+            started.append(job)
+    return started
 
 
 def finish_job(db: str, job_id: int, process_id: int, return_value: object) -> bool:
-    """Record success; False (and nothing written) if this process no longer holds the job."""
+    """Record one success; False (and nothing written) if this process no longer holds it."""
+    return job_id in finish_jobs(db, process_id, {job_id: return_value})
+
+
+def finish_jobs(db: str, process_id: int, return_values: dict[int, object]) -> set[int]:
+    """Record the success of many jobs in one transaction; return the ids finished.
+
+    Only jobs whose claim this process still holds are finalised (under the
+    claims' locks), so each is finalised exactly once however many paths race
+    for it. The keys' slots are freed in ascending key order and the batches
+    counted after every key (DESIGN.md section 4's lock order).
+    """
+    if not return_values:
+        return set()
     with transaction.atomic(using=db):
-        claim = lock_own_claim(db, job_id, process_id)
-        if claim is None:
-            return False
-        delete_claim(db, claim)
-        Job.objects.using(db).filter(pk=job_id).update(
-            status=JobStatus.SUCCEEDED,
-            return_value=return_value,
-            finished_at=timezone.now(),
-            unique_lock=None,
+        claims = list(
+            ClaimedExecution.objects.using(db)
+            .select_for_update()
+            .filter(job_id__in=list(return_values), process_id=process_id)
+            .order_by("job_id")
         )
-        if claim.concurrency_key:
-            release_slot(db, claim.concurrency_key)
-        count_outcome(db, claim.batch_id, succeeded=True)
-    return True
+        if not claims:
+            return set()
+        done = [claim.job_id for claim in claims]
+        ClaimedExecution.objects.using(db).filter(job_id__in=done).delete()
+        Job.objects.using(db).filter(pk__in=done).update(
+            status=JobStatus.SUCCEEDED, finished_at=timezone.now(), unique_lock=None
+        )
+        with_values = [
+            Job(pk=pk, return_value=return_values[pk])
+            for pk in done
+            if return_values[pk] is not None
+        ]
+        if with_values:
+            Job.objects.using(db).bulk_update(with_values, ["return_value"])
+        for key in sorted({claim.concurrency_key for claim in claims if claim.concurrency_key}):
+            release_slot(db, key)
+        per_batch: dict[int, int] = defaultdict(int)
+        for claim in claims:
+            if claim.batch_id is not None:
+                per_batch[claim.batch_id] += 1
+        count_outcomes(db, {batch_id: (n, 0) for batch_id, n in per_batch.items()})
+    return set(done)
 
 
 def fail_job(

@@ -46,7 +46,7 @@ def race_last_two_items(monkeypatch, worker) -> int:
     jobs = claim_jobs(DB, worker.pk, ALL, 2)
     for job in jobs:
         assert start_job(DB, job, worker.pk, worker.name)
-    paused = Paused(monkeypatch, claims, "count_outcome")
+    paused = Paused(monkeypatch, claims, "count_outcomes")
     first = Runner(lambda: finish_job(DB, jobs[0].pk, worker.pk, 0), paused)
     first.start()
     assert paused.reached.wait(10)  # item 1 counted, not committed
@@ -84,6 +84,7 @@ def test_unprotected_items_finishing_at_once_lose_a_count_and_never_fire(monkeyp
             batch.save(using=db, update_fields=fields)
 
     monkeypatch.setattr(batches, "count_outcomes", unlocked)
+    monkeypatch.setattr(claims, "count_outcomes", unlocked)
     batch_id = race_last_two_items(monkeypatch, worker)
     batch = Batch.objects.get(pk=batch_id)
     assert (batch.pending, batch.succeeded) == (1, 1)  # a lost update: both items succeeded

@@ -177,7 +177,7 @@ def lose_the_answer_once(real):
 
 
 @pytest.mark.parametrize(
-    "target", ["django_jobs.runner.worker.claim_jobs", "django_jobs.runner.executor.start_job"]
+    "target", ["django_jobs.runner.worker.claim_jobs", "django_jobs.runner.executor.start_jobs"]
 )
 def test_a_commit_whose_answer_was_lost_is_neither_stranded_nor_counted_twice(monkeypatch, target):
     """The one outage a proxy cannot time: between the server's COMMIT and the reply.

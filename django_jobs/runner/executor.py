@@ -13,12 +13,13 @@ from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 
 from ..batches import current_job_id
-from ..claims import ErrorInfo, fail_job, finish_job, release_job, start_job
+from ..claims import ErrorInfo, fail_job, finish_job, release_job, start_jobs
 from ..exceptions import TaskNotFound
 from ..loading import load_task
 from ..models import Job, JobStatus
 from ..results import build_result
 from ..serialization import json_return_value
+from .completer import Completer, Success
 from .db_retry import retry_until_done
 from .lifecycle import Lifecycle
 
@@ -32,6 +33,8 @@ class ExecutionContext:
     worker_id: str
     lifecycle: Lifecycle
     db_retry_max_delay: float
+    # Where successes go to be written in batches; None writes each in its own thread.
+    completer: Completer | None = None
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
@@ -47,11 +50,12 @@ def describe(job: Job) -> str:
     return f"task={job.task_path} job={job.pk} attempt={job.attempts}"
 
 
-def execute_job(job: Job, ctx: ExecutionContext) -> None:
-    """Start, run and finalise ``job``; never raises, whatever the task does."""
+def execute_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> None:
+    """Start (unless the caller already did: ``started``), run and finalise ``job``;
+    never raises, whatever the task does."""
     close_old_connections()
     try:
-        run_claimed_job(job, ctx)
+        run_claimed_job(job, ctx, started=started)
     except Exception as exc:
         # A bug of ours must not leave the job claimed by a live process forever.
         logger.exception("internal error while running job %s", job.pk)
@@ -77,37 +81,44 @@ def persist(ctx: ExecutionContext, what: str, action):
     )
 
 
-def start_once(job: Job, ctx: ExecutionContext) -> Callable[[], bool]:
-    """``start_job`` made safe to retry after an error that hid a successful commit.
+def start_once(jobs: list[Job], ctx: ExecutionContext) -> Callable[[], list[Job]]:
+    """``start_jobs`` made safe to retry after an error that hid a successful commit.
 
-    A connection lost during COMMIT leaves us not knowing whether the attempt
-    was counted; counting it again would make ``attempts`` lie. Only our own
-    start turns our claimed job RUNNING, so on a retry that state means it did.
+    A connection lost during COMMIT leaves us not knowing whether the attempts
+    were counted; counting them again would make ``attempts`` lie. Only our own
+    start turns our claimed jobs RUNNING, and it turns all of them in one
+    transaction, so on a retry any of them RUNNING means that it did.
     """
     tried = False
 
-    def action() -> bool:
+    def action() -> list[Job]:
         nonlocal tried
         if tried:
-            row = (
-                Job.objects.using(ctx.db)
+            rows = {
+                row["pk"]: row
+                for row in Job.objects.using(ctx.db)
                 .filter(
-                    pk=job.pk,
+                    pk__in=[job.pk for job in jobs],
                     status=JobStatus.RUNNING,
                     claimed_execution__process_id=ctx.process_id,
                 )
-                .values("attempts", "worker_ids", "started_at", "last_attempted_at")
-                .first()
-            )
-            if row is not None:
-                for name, value in row.items():
-                    setattr(job, name, value)
-                job.status = JobStatus.RUNNING
-                return True
+                .values("pk", "attempts", "worker_ids", "started_at", "last_attempted_at")
+            }
+            if rows:
+                for job in jobs:
+                    for name, value in rows.get(job.pk, {}).items():
+                        setattr(job, name, value)
+                        job.status = JobStatus.RUNNING
+                return [job for job in jobs if job.pk in rows]
         tried = True
-        return start_job(ctx.db, job, ctx.process_id, ctx.worker_id)
+        return start_jobs(ctx.db, jobs, ctx.process_id, ctx.worker_id)
 
     return action
+
+
+def start_claimed(jobs: list[Job], ctx: ExecutionContext) -> list[Job]:
+    """Count the attempts of ``jobs`` in one transaction, riding out outages."""
+    return persist(ctx, f"starting {len(jobs)} job(s)", start_once(jobs, ctx)) or []
 
 
 def call_task(task: Task, job: Job, result: TaskResult) -> object:
@@ -121,7 +132,7 @@ def call_task(task: Task, job: Job, result: TaskResult) -> object:
         current_job_id.reset(running)
 
 
-def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
+def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> None:
     try:
         task = load_task(job.task_path)
     except TaskNotFound as exc:
@@ -136,17 +147,20 @@ def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
         )
         return
 
-    if ctx.lifecycle.stopping.is_set():
-        persist(
-            ctx, f"handing back job {job.pk}", lambda: release_job(ctx.db, job.pk, ctx.process_id)
-        )
-        logger.info("job handed back %s (shutting down before it started)", describe(job))
-        return
-
-    started = persist(ctx, f"starting job {job.pk}", start_once(job, ctx))
     if not started:
-        logger.warning("job %s: claim lost before start (process pruned?); not running it", job.pk)
-        return
+        if ctx.lifecycle.stopping.is_set():
+            persist(
+                ctx,
+                f"handing back job {job.pk}",
+                lambda: release_job(ctx.db, job.pk, ctx.process_id),
+            )
+            logger.info("job handed back %s (shutting down before it started)", describe(job))
+            return
+        if not start_claimed([job], ctx):
+            logger.warning(
+                "job %s: claim lost before start (process pruned?); not running it", job.pk
+            )
+            return
 
     result = build_result(job)
     task_started.send(type(task.get_backend()), task_result=result)
@@ -184,6 +198,9 @@ def run_claimed_job(job: Job, ctx: ExecutionContext) -> None:
         return
 
     duration = time.monotonic() - began
+    if ctx.completer is not None:
+        ctx.completer.submit(Success(job, task, result, value, duration))
+        return
     finished = persist(
         ctx, f"finishing job {job.pk}", lambda: finish_job(ctx.db, job.pk, ctx.process_id, value)
     )

@@ -12,14 +12,26 @@ from django.db.models import Q
 
 from ..claims import ErrorInfo, claim_jobs, fail_job, release_job
 from ..conf import JobsSettings
+from ..exceptions import TaskNotFound
+from ..loading import load_task
 from ..models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution
 from ..queues import QueueSelector
 from ..scheduling import promote_due_jobs
+from .completer import Completer
 from .db_retry import DB_ERRORS, Backoff, reset_connection, retry_until_done
-from .executor import ExecutionContext, execute_job
+from .executor import ExecutionContext, execute_job, start_claimed
 from .lifecycle import Lifecycle
+from .listener import start_listener
 
 logger = logging.getLogger("django_jobs.worker")
+
+
+def importable(job: Job) -> bool:
+    try:
+        load_task(job.task_path)
+    except TaskNotFound:
+        return False
+    return True
 
 
 class Worker:
@@ -51,6 +63,8 @@ class Worker:
             lifecycle=lifecycle,
             db_retry_max_delay=conf.db_retry_max_delay,
         )
+        self.completer = Completer(self.ctx, on_written=lifecycle.wake.set)
+        self.ctx.completer = self.completer
         self.lock = threading.Lock()
         self.running: dict[int, Job] = {}
         self.pool = ThreadPoolExecutor(conf.threads, thread_name_prefix="django-jobs-worker")
@@ -66,6 +80,9 @@ class Worker:
 
     def run(self) -> None:
         backoff = Backoff(self.conf.db_retry_max_delay)
+        self.completer.start()
+        # On PostgreSQL, a NOTIFY for a new ready job sets wake (see listener.py).
+        listener = None if self.once else start_listener(self.conf, self.selector, self.lifecycle)
         try:
             while not self.lifecycle.stopping.is_set():
                 idle = self.idle_threads()
@@ -93,9 +110,12 @@ class Worker:
                     continue  # a full batch with threads to spare: there may be more
                 if self.once and not claimed and not self.running and self.queue_is_empty():
                     return
-                # Until a thread frees up (it sets wake) or the next poll is due.
+                # Until a thread frees up or a job is notified (they set wake), or
+                # the next poll is due.
                 self.lifecycle.sleep(self.conf.polling_interval)
         finally:
+            if listener is not None:
+                listener.stop()
             self.shutdown()
 
     def queue_is_empty(self) -> bool:
@@ -118,7 +138,7 @@ class Worker:
         to fail but went through): never started, they cost no attempt. Only this
         thread claims, so every other claim of this process is in ``running``."""
         with self.lock:
-            running = list(self.running)
+            running = [*self.running, *self.completer.pending_ids()]
         orphans = list(
             ClaimedExecution.objects.using(self.db)
             .filter(process_id=self.process_id)
@@ -131,16 +151,31 @@ class Worker:
         self.claims_in_doubt = False
 
     def claim_and_submit(self, limit: int) -> int:
+        """Claim, count the attempts of the claimed jobs in one transaction, run them.
+
+        A job whose task cannot be imported, or claimed as a stop began, is left
+        unstarted: its thread fails it without counting an attempt, or hands it back.
+        """
         jobs = claim_jobs(self.db, self.process_id, self.selector, limit, self.conf.max_concurrency)
-        for job in jobs:
-            with self.lock:
+        with self.lock:
+            for job in jobs:
                 self.running[job.pk] = job
-            self.pool.submit(self.run_one, job)
+        startable = [] if self.lifecycle.stopping.is_set() else [j for j in jobs if importable(j)]
+        started = {job.pk for job in start_claimed(startable, self.ctx)}
+        for job in jobs:
+            if job in startable and job.pk not in started:
+                logger.warning(
+                    "job %s: claim lost before start (process pruned?); not running it", job.pk
+                )
+                with self.lock:
+                    self.running.pop(job.pk, None)
+                continue
+            self.pool.submit(self.run_one, job, job.pk in started)
         return len(jobs)
 
-    def run_one(self, job: Job) -> None:
+    def run_one(self, job: Job, started: bool) -> None:
         try:
-            execute_job(job, self.ctx)
+            execute_job(job, self.ctx, started=started)
         finally:
             with self.lock:
                 self.running.pop(job.pk, None)
@@ -152,6 +187,9 @@ class Worker:
         while self.running and time.monotonic() < deadline:
             if self.lifecycle.immediate.wait(0.05):
                 break
+        if not self.lifecycle.immediate.is_set():
+            # Successes handed to the completer are written before anything is settled.
+            self.completer.stop()
         if self.lifecycle.immediate.is_set():
             # Stop now: what still runs is abandoned (the process must exit without
             # joining those threads) and its claims are left to whoever recovers them.

@@ -1,0 +1,126 @@
+"""Recording successes in batches: one finish transaction for every job that ended meanwhile.
+
+A job's outcome costs a transaction (lock the claim, delete it, update the
+job, free the key's slot). Written by the job's own thread, that is one
+transaction per job and a thread that cannot take the next job until it
+commits. Here the threads hand their successes to one completer thread and go
+back to work; it writes whatever has piled up while its previous transaction
+ran, so batches grow with the load and an idle worker adds no delay.
+
+Exactly-once holds because :func:`~django_jobs.claims.finish_jobs` finalises
+only the claims this process still holds, under their locks. A crash before
+the batch commits leaves those jobs running under a dead process's claims:
+recovery counts them as failed attempts and retries them, as it would a job
+whose own finish transaction never committed. A graceful stop flushes first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.db import close_old_connections
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.signals import task_finished
+
+from ..claims import finish_jobs
+from ..models import Job
+
+logger = logging.getLogger("django_jobs.worker")
+
+
+@dataclass
+class Success:
+    job: Job
+    task: Task
+    result: TaskResult
+    value: object
+    duration: float
+
+
+class Completer:
+    """A thread that finalises the successes of one worker process's jobs in batches."""
+
+    def __init__(self, ctx, on_written: Callable[[], None]) -> None:
+        # ctx: an executor.ExecutionContext (not imported: the executor imports us)
+        self.ctx = ctx
+        self.on_written = on_written
+        self.changed = threading.Condition()
+        self.queue: list[Success] = []
+        # Jobs handed over and not yet written: their claims are still ours, and no
+        # thread runs them (the worker must not mistake them for orphans).
+        self.pending: set[int] = set()
+        self.stopping = False
+        self.thread = threading.Thread(target=self.run, name="django-jobs-completer", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, success: Success) -> None:
+        with self.changed:
+            self.queue.append(success)
+            self.pending.add(success.job.pk)
+            self.changed.notify()
+
+    def pending_ids(self) -> set[int]:
+        with self.changed:
+            return set(self.pending)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Write what is queued, then end the thread."""
+        with self.changed:
+            self.stopping = True
+            self.changed.notify()
+        self.thread.join(timeout)
+
+    def run(self) -> None:
+        try:
+            while True:
+                with self.changed:
+                    while not self.queue and not self.stopping:
+                        self.changed.wait()
+                    if not self.queue:
+                        return
+                    batch, self.queue = self.queue, []
+                self.write(batch)
+        finally:
+            close_old_connections()
+
+    def write(self, batch: list[Success]) -> None:
+        from .executor import persist
+
+        values = {success.job.pk: success.value for success in batch}
+        done = persist(
+            self.ctx,
+            f"finishing job{'s' if len(values) > 1 else ''} {', '.join(map(str, values))}",
+            lambda: finish_jobs(self.ctx.db, self.ctx.process_id, values),
+        )
+        with self.changed:
+            self.pending.difference_update(values)
+        self.on_written()
+        if done is None:
+            logger.error(
+                "stopping now: the success of job(s) %s was not recorded; recovery will "
+                "count each as a failed attempt",
+                ", ".join(str(pk) for pk in values),
+            )
+            return
+        for success in batch:
+            if success.job.pk not in done:
+                logger.warning(
+                    "job %s finished but its claim was already settled elsewhere",
+                    success.job.pk,
+                )
+                continue
+            self.announce(success)
+
+    def announce(self, success: Success) -> None:
+        from .executor import describe
+
+        job, result = success.job, success.result
+        logger.info("job finished %s duration=%.3fs", describe(job), success.duration)
+        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+        object.__setattr__(result, "_return_value", success.value)
+        task_finished.send(type(success.task.get_backend()), task_result=result)
