@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from .admission import admit_jobs, hand_back_to_key, make_ready, release_slot
@@ -69,14 +69,19 @@ def claim_jobs(
     if limit <= 0:
         return []
     with transaction.atomic(using=db):
-        paused = set(Pause.objects.using(db).values_list("queue_name", flat=True))
-        room = lock_queue_caps(db, selector, caps or {}, paused)
+        # Read in the claim query itself, unless queue caps need the list first.
+        paused: set[str] | QuerySet = Pause.objects.using(db).values("queue_name")
+        if caps:
+            paused = {row["queue_name"] for row in paused}
+        room = lock_queue_caps(db, selector, caps, paused) if caps else {}
         picked: list[tuple[int, str]] = []
         for condition in selector.conditions():
             while len(picked) < limit:
                 full = [queue for queue, left in room.items() if left <= 0]
                 rows = ReadyExecution.objects.using(db).select_for_update(skip_locked=True)
-                rows = rows.filter(condition).exclude(queue_name__in=[*paused, *full])
+                rows = rows.filter(condition).exclude(queue_name__in=paused)
+                if full:
+                    rows = rows.exclude(queue_name__in=full)
                 if picked:
                     # Rows this transaction already locked are not skipped: exclude them.
                     rows = rows.exclude(job_id__in=[job_id for job_id, _ in picked])

@@ -160,6 +160,8 @@ class ReadyExecution(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["queue_name", "-priority", "job"], name="jobs_ready_poll"),
+            # The claim order of a worker serving "*": no queue to narrow by.
+            models.Index(fields=["-priority", "job"], name="jobs_ready_order"),
             models.Index(fields=["concurrency_key"], name="jobs_ready_key"),
         ]
 
