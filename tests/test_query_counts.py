@@ -1,0 +1,141 @@
+"""Round trips on the hot paths: a fixed number per call, whatever the number of jobs.
+
+Each path is counted twice, for a few jobs and for many; the two counts must be
+equal (no query per job: an N+1 fails here), and the count must stay within the
+budget written below, so a change that adds a round trip to every job shows up
+as a failing test, not as a slower benchmark weeks later. The budgets count
+BEGIN and COMMIT, which Django records too.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_jobs import bulk_enqueue
+from django_jobs.claims import ErrorInfo, claim_jobs, fail_job, finish_jobs, start_jobs
+from django_jobs.models import Job, JobStatus, ScheduledExecution
+from django_jobs.processes import register_process
+from django_jobs.queues import QueueSelector
+from django_jobs.scheduling import promote_due_jobs
+from tests import tasks
+from tests import transition_tasks as tt
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ALL = QueueSelector(("*",))
+DB = "default"
+FEW, MANY = 2, 40
+
+
+def budget(postgresql: int, other: int) -> int:
+    return postgresql if connection.vendor == "postgresql" else other
+
+
+def count(action) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        action()
+    return len(captured.captured_queries)
+
+
+@pytest.fixture
+def worker():
+    return register_process(DB, "worker")
+
+
+def plain_calls(n: int):
+    return [(tasks.add, (i, 1), {}) for i in range(n)]
+
+
+def claimed_and_started(worker, n: int) -> list[Job]:
+    bulk_enqueue(plain_calls(n))
+    jobs = claim_jobs(DB, worker.pk, ALL, n)
+    assert len(start_jobs(DB, jobs, worker.pk, worker.name)) == n
+    return jobs
+
+
+def test_enqueue_one_job():
+    # PostgreSQL: the job and its ready row in one statement (no BEGIN/COMMIT).
+    assert count(lambda: tasks.add.enqueue(1, 2)) <= budget(1, 4)
+
+
+def test_bulk_enqueue_does_not_grow_with_the_jobs():
+    few, many = (
+        count(lambda: bulk_enqueue(plain_calls(FEW))),
+        count(lambda: bulk_enqueue(plain_calls(MANY))),
+    )
+    assert few == many <= budget(1, 4)
+    assert Job.objects.filter(status=JobStatus.READY).count() == FEW + MANY
+
+
+def test_bulk_enqueue_with_concurrency_keys_costs_per_key_not_per_job():
+    def keyed(n: int, keys: int):
+        return lambda: bulk_enqueue([(tt.two_at_a_time, (f"k{i % keys}",), {}) for i in range(n)])
+
+    keyed(4, 2)()  # both keys exist and are full from here on: every later job blocks
+    one_key_few, one_key_many = count(keyed(FEW, 1)), count(keyed(MANY, 1))
+    assert one_key_few == one_key_many <= 7
+    two_keys = count(keyed(MANY, 2))
+    per_key = two_keys - one_key_many
+    assert 0 < per_key <= 4
+
+
+def test_claim_does_not_grow_with_the_jobs(worker):
+    bulk_enqueue(plain_calls(FEW + MANY))
+    few = count(lambda: claim_jobs(DB, worker.pk, ALL, FEW))
+    many = count(lambda: claim_jobs(DB, worker.pk, ALL, MANY))
+    assert few == many <= 7
+
+
+def test_start_does_not_grow_with_the_jobs(worker):
+    bulk_enqueue(plain_calls(FEW + MANY))
+    few_jobs = claim_jobs(DB, worker.pk, ALL, FEW)
+    many_jobs = claim_jobs(DB, worker.pk, ALL, MANY)
+    few = count(lambda: start_jobs(DB, few_jobs, worker.pk, worker.name))
+    many = count(lambda: start_jobs(DB, many_jobs, worker.pk, worker.name))
+    assert few == many <= 5
+
+
+def test_batched_finish_does_not_grow_with_the_jobs(worker):
+    few_jobs = claimed_and_started(worker, FEW)
+    many_jobs = claimed_and_started(worker, MANY)
+    few = count(lambda: finish_jobs(DB, worker.pk, {job.pk: None for job in few_jobs}))
+    many = count(lambda: finish_jobs(DB, worker.pk, {job.pk: None for job in many_jobs}))
+    assert few == many <= 5
+    # Return values cost one more statement for the whole batch, not one per job.
+    valued = claimed_and_started(worker, MANY)
+    assert count(lambda: finish_jobs(DB, worker.pk, {job.pk: job.pk for job in valued})) == (
+        many + 1
+    )
+    assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == FEW + 2 * MANY
+
+
+def test_failing_a_job_costs_a_fixed_number_of_queries(worker):
+    error = ErrorInfo("builtins.ValueError", "boom", "boom")
+    jobs = claimed_and_started(worker, 2)
+    first, second = (count(lambda job=job: fail_job(DB, job.pk, worker.pk, error)) for job in jobs)
+    assert first == second <= 7
+
+
+def test_promoting_due_jobs_does_not_grow_with_the_jobs():
+    from django.utils import timezone
+
+    def schedule(n: int) -> None:
+        now = timezone.now()
+        jobs = Job.objects.bulk_create(
+            [
+                Job(task_path="tests.tasks.add", args=[1, 2], status=JobStatus.SCHEDULED)
+                for _ in range(n)
+            ]
+        )
+        ScheduledExecution.objects.bulk_create(
+            [ScheduledExecution(job=job, queue_name="default", scheduled_at=now) for job in jobs]
+        )
+
+    schedule(FEW)
+    few = count(lambda: promote_due_jobs(DB, 100))
+    schedule(MANY)
+    many = count(lambda: promote_due_jobs(DB, 100))
+    assert few == many <= 7
+    assert Job.objects.filter(status=JobStatus.READY).count() == FEW + MANY
