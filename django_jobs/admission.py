@@ -18,6 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from django.db import connections
+from django.db.models import Count, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from .models import BlockedExecution, ClaimedExecution, Job, JobStatus, ReadyExecution, Semaphore
@@ -166,7 +168,7 @@ def release_slot(db: str, key: str) -> int:
 
 def reconcile_key(db: str, key: str) -> int:
     """Recount ``key``'s holders under its lock, repair drift, promote what fits."""
-    semaphore = Semaphore.objects.using(db).select_for_update().filter(key=key).first()
+    semaphore = lock_existing_semaphore(db, key)
     if semaphore is None:
         return 0
     semaphore.value = semaphore.limit - count_holders(db, key)
@@ -174,29 +176,60 @@ def reconcile_key(db: str, key: str) -> int:
 
 
 def count_holders(db: str, key: str) -> int:
-    """Ready and claimed jobs of ``key``; a claim whose lease ran out no longer counts."""
-    ready = ReadyExecution.objects.using(db).filter(concurrency_key=key).count()
+    """Ready and claimed jobs of ``key``; a claim whose lease ran out no longer counts.
+
+    One statement, run after the semaphore's lock is granted: a statement of its
+    own takes a fresh snapshot (READ COMMITTED), so it sees every holder committed
+    before the lock. Counting inside the locking SELECT would not: its subqueries
+    read the snapshot taken before it waited for the lock.
+    """
+    ready = (
+        ReadyExecution.objects.using(db)
+        .filter(concurrency_key=key)
+        .order_by()
+        .values("concurrency_key")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
     claimed = (
         ClaimedExecution.objects.using(db)
         .filter(concurrency_key=key)
         .exclude(lease_expires_at__lt=timezone.now())
-        .count()
+        .order_by()
+        .values("concurrency_key")
+        .annotate(n=Count("pk"))
+        .values("n")
     )
-    return ready + claimed
+    return (
+        Semaphore.objects.using(db)
+        .filter(key=key)
+        .annotate(holders=Coalesce(Subquery(ready), 0) + Coalesce(Subquery(claimed), 0))
+        .values_list("holders", flat=True)
+        .get()
+    )
 
 
 def promote_blocked(db: str, semaphore: Semaphore) -> int:
     promoted: list[Job] = []
     if semaphore.value > 0:
-        next_ids = list(
-            BlockedExecution.objects.using(db)
+        # What make_ready needs is on the blocked rows: no read of the jobs.
+        promoted = [
+            Job(
+                pk=job_id,
+                queue_name=queue_name,
+                priority=priority,
+                concurrency_key=semaphore.key,
+                status=JobStatus.BLOCKED,
+            )
+            for job_id, queue_name, priority in BlockedExecution.objects.using(db)
             .filter(concurrency_key=semaphore.key)
             .order_by("-priority", "job_id")
-            .values_list("job_id", flat=True)[: semaphore.value]
-        )
-        if next_ids:
-            BlockedExecution.objects.using(db).filter(job_id__in=next_ids).delete()
-            promoted = list(Job.objects.using(db).filter(pk__in=next_ids))
+            .values_list("job_id", "queue_name", "priority")[: semaphore.value]
+        ]
+        if promoted:
+            BlockedExecution.objects.using(db).filter(
+                job_id__in=[job.pk for job in promoted]
+            ).delete()
             make_ready(db, promoted)
             semaphore.value -= len(promoted)
     semaphore.updated_at = timezone.now()

@@ -139,3 +139,24 @@ def test_promoting_due_jobs_does_not_grow_with_the_jobs():
     many = count(lambda: promote_due_jobs(DB, 100))
     assert few == many <= 7
     assert Job.objects.filter(status=JobStatus.READY).count() == FEW + MANY
+
+
+def test_batched_finish_of_keyed_jobs_costs_per_key_not_per_job(worker):
+    """Each key: lock, recount, promote what its freed slots admit, save the semaphore."""
+
+    def running_with_followers(keys: list[str]) -> dict[int, None]:
+        # Two running (the limit) and two blocked behind them, per key.
+        bulk_enqueue([(tt.two_at_a_time, (key, n), {}) for key in keys for n in range(4)])
+        jobs = claim_jobs(DB, worker.pk, ALL, 100)
+        assert len(start_jobs(DB, jobs, worker.pk, worker.name)) == 2 * len(keys)
+        return {job.pk: None for job in jobs}
+
+    first = running_with_followers(["a"])
+    one_key = count(lambda: finish_jobs(DB, worker.pk, first))
+    claim_jobs(DB, worker.pk, ALL, 100)  # the promoted ones, out of the way
+    second = running_with_followers(["b", "c"])
+    two_keys = count(lambda: finish_jobs(DB, worker.pk, second))
+    per_key = two_keys - one_key
+    assert 0 < per_key <= 7
+    assert one_key <= 5 + 7  # the finish itself, then one key
+    assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 6
