@@ -47,6 +47,7 @@ def backend_checks(backend: JobsBackend) -> list[Any]:
     except (TypeError, ValueError) as exc:
         return [*errors, Error(f"Invalid DJANGO_JOBS settings: {exc}", id="django_jobs.E004")]
     errors.extend(number_checks(conf))
+    errors.extend(listen_notify_checks(conf))
     declared = backend.queues
     for pattern in conf.queues:
         if not QueueSelector.is_wildcard(pattern) and declared and pattern not in declared:
@@ -123,6 +124,22 @@ def number_checks(conf: JobsSettings) -> list[Any]:
                 )
             )
     return errors
+
+
+def listen_notify_checks(conf: JobsSettings) -> list[Any]:
+    value = conf.listen_notify
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, str) and value in connections.databases:
+        if connections[value].vendor == "postgresql":
+            return []
+    return [
+        Error(
+            f"DJANGO_JOBS['listen_notify'] must be True, False or the alias of a PostgreSQL "
+            f"database in DATABASES, not {value!r}.",
+            id="django_jobs.E021",
+        )
+    ]
 
 
 def owns_recurring_checks(backend: JobsBackend) -> bool:

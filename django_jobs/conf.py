@@ -34,6 +34,10 @@ class JobsSettings:
     # None keeps them forever.
     clear_finished_jobs_after: float | None = 86400.0 * 7
     db_retry_max_delay: float = 10.0
+    # PostgreSQL: LISTEN for ready jobs so idle workers wake at once (polling stays the
+    # fallback). True, False, or the DATABASES alias to listen through (a direct
+    # connection when the jobs database goes through PgBouncer in transaction mode).
+    listen_notify: bool | str = True
     max_concurrency: dict[str, int] = field(default_factory=dict)
     # key -> {"task": dotted path, "schedule": cron or interval, ...}; see docs/recurring.md.
     recurring: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -68,6 +68,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test-db.sqlite3")}
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     DATABASES["default"].setdefault("OPTIONS", {})["charset"] = "utf8mb4"
+# A database to LISTEN through for ready jobs (tests route it through a proxy).
+if env.str("JOBS_LISTEN_DATABASE_URL", default=""):
+    DATABASES["listen"] = env.db("JOBS_LISTEN_DATABASE_URL")
 # An explicit test database name (used by tox to keep parallel runs apart).
 if env.str("TEST_DATABASE_NAME", default=""):
     DATABASES["default"].setdefault("TEST", {})["NAME"] = env.str("TEST_DATABASE_NAME")
@@ -92,6 +95,9 @@ DJANGO_JOBS = {
     "max_concurrency": {
         queue: int(cap) for queue, cap in env.dict("JOBS_MAX_CONCURRENCY", default={}).items()
     },
+    # LISTEN/NOTIFY on PostgreSQL: on unless JOBS_LISTEN_NOTIFY=false; through the
+    # "listen" database when JOBS_LISTEN_DATABASE_URL names one.
+    "listen_notify": "listen" if "listen" in DATABASES else env.bool("JOBS_LISTEN_NOTIFY", True),
     # Recurring tasks as JSON: {"key": {"task": "...", "schedule": "every 1 second"}}.
     "recurring": env.json("JOBS_RECURRING", default={}),
 }

@@ -1,0 +1,187 @@
+"""LISTEN for ready jobs on PostgreSQL, so an idle worker wakes at once instead of at its next poll.
+
+Migration 0004 adds a statement-level trigger that NOTIFYs :data:`CHANNEL` on
+every insert into the ready table, whatever made the job ready; PostgreSQL
+delivers it when (and only if) that transaction commits. The payload is the
+JSON list of the queues the statement made ready (``[]``: any queue).
+
+One daemon thread per worker process holds its own connection (never one of
+Django's: LISTEN needs a session of its own, idle between notifications) and
+sets the worker's wake event for each notification about a queue it serves.
+Polling goes on underneath: if the connection is lost, the worker simply keeps
+polling while this thread reconnects with a backoff, logging once per outage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from django.db import connections
+
+from ..conf import JobsSettings
+from ..queues import QueueSelector
+from .db_retry import Backoff
+from .lifecycle import Lifecycle
+
+logger = logging.getLogger("django_jobs.listener")
+
+CHANNEL = "django_jobs_ready"  # the channel of migration 0004's trigger
+APPLICATION_NAME = "django-jobs listener"
+# How often the thread looks up from the socket to see whether it should stop.
+STOP_CHECK_INTERVAL = 0.5
+# A connection that stayed up this long ends an outage: the next loss starts the
+# backoff from its first step again (a connection that drops at once does not).
+STABLE_AFTER = 30.0
+# Unless the database settings choose otherwise: notice a server or network that
+# went away without a word within about a minute, and never hang on connecting.
+DEFAULT_PARAMS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+
+
+def listen_alias(conf: JobsSettings) -> str | None:
+    """The database alias to LISTEN through, or None when workers only poll."""
+    if conf.listen_notify is False or connections[conf.database].vendor != "postgresql":
+        return None
+    alias = conf.database if conf.listen_notify is True else conf.listen_notify
+    if connections[alias].vendor != "postgresql":
+        return None
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return alias if is_psycopg3 else None
+
+
+def start_listener(
+    conf: JobsSettings, selector: QueueSelector, lifecycle: Lifecycle
+) -> Listener | None:
+    """Start listening for ``selector``'s queues if the database and settings allow it."""
+    alias = listen_alias(conf)
+    if alias is None:
+        if conf.listen_notify is False and connections[conf.database].vendor == "postgresql":
+            logger.info(
+                "not listening for ready jobs (DJANGO_JOBS['listen_notify'] is False): "
+                "polling every %ss",
+                conf.polling_interval,
+            )
+        return None
+    listener = Listener(
+        connection_params(alias),
+        selector,
+        lifecycle,
+        polling_interval=conf.polling_interval,
+        max_delay=conf.db_retry_max_delay,
+    )
+    listener.start()
+    return listener
+
+
+def connection_params(alias: str) -> dict[str, Any]:
+    """psycopg keyword arguments from Django's settings for ``alias``, for our own connection."""
+    params = connections[alias].get_connection_params()
+    params.update(autocommit=True, application_name=f"{APPLICATION_NAME} pid={os.getpid()}")
+    for key, value in DEFAULT_PARAMS.items():
+        params.setdefault(key, value)
+    return params
+
+
+class Listener:
+    def __init__(
+        self,
+        params: dict[str, Any],
+        selector: QueueSelector,
+        lifecycle: Lifecycle,
+        *,
+        polling_interval: float,
+        max_delay: float,
+    ) -> None:
+        self.params = params
+        self.selector = selector
+        self.lifecycle = lifecycle
+        self.polling_interval = polling_interval
+        self.backoff = Backoff(max_delay)
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="django-jobs-listener", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.thread.join(STOP_CHECK_INTERVAL * 2)
+
+    def stopped(self) -> bool:
+        return self.halt.is_set() or self.lifecycle.stopping.is_set()
+
+    def run(self) -> None:
+        import psycopg
+
+        outage_since: float | None = None
+        while not self.stopped():
+            connection = None
+            try:
+                connection = psycopg.connect(**self.params)
+                connection.execute(f"LISTEN {CHANNEL}")
+                if outage_since is None:
+                    logger.info("listening for ready jobs (channel %s)", CHANNEL)
+                else:
+                    logger.info(
+                        "listening for ready jobs again, after %.1fs of polling only",
+                        time.monotonic() - outage_since,
+                    )
+                    outage_since = None
+                # A job made ready before LISTEN took effect sent its notification to
+                # nobody: one claim now finds it (everything later is notified).
+                self.lifecycle.wake.set()
+                self.receive(connection)
+            except Exception as exc:  # psycopg.Error, or anything: never die silently
+                if self.stopped():
+                    break
+                if outage_since is None:
+                    outage_since = time.monotonic()
+                    logger.warning(
+                        "not listening for ready jobs (%s: %s); polling every %ss and reconnecting",
+                        type(exc).__name__,
+                        first_line(exc),
+                        self.polling_interval,
+                    )
+                else:
+                    logger.debug("still not listening for ready jobs: %s", first_line(exc))
+                self.halt.wait(self.backoff.next())
+            finally:
+                if connection is not None:
+                    connection.close()
+
+    def receive(self, connection: Any) -> None:
+        """Wake the worker for each notification about one of its queues, until stopped."""
+        connected_at = time.monotonic()
+        while not self.stopped():
+            for notify in connection.notifies(timeout=STOP_CHECK_INTERVAL):
+                if self.wanted(notify.payload):
+                    self.lifecycle.wake.set()
+            if time.monotonic() - connected_at > STABLE_AFTER:
+                self.backoff.reset()
+
+    def wanted(self, payload: str) -> bool:
+        """True unless the payload names only queues this worker does not serve."""
+        try:
+            queues = json.loads(payload)
+        except ValueError:
+            return True
+        if not isinstance(queues, list) or not queues:
+            return True
+        return any(not isinstance(q, str) or self.selector.matches(q) for q in queues)
+
+
+def first_line(exc: BaseException) -> str:
+    """libpq's messages run over several lines; the first says what happened."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
