@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
+from . import pg_claims
 from .admission import admit_jobs, hand_back_to_key, make_ready, release_slot
 from .backoff import retry_delay
 from .batches import count_outcome, count_outcomes
@@ -68,6 +70,8 @@ def claim_jobs(
     """
     if limit <= 0:
         return []
+    if connections[db].vendor == "postgresql" and not caps:
+        return claim_in_one_statement(db, process_id, selector, limit)
     with transaction.atomic(using=db):
         # Read in the claim query itself, unless queue caps need the list first.
         paused: set[str] | QuerySet = Pause.objects.using(db).values("queue_name")
@@ -124,6 +128,25 @@ def claim_jobs(
     for job in jobs.values():
         job.status = JobStatus.CLAIMED
     return [jobs[job_id] for job_id in ids]
+
+
+def claim_in_one_statement(
+    db: str, process_id: int, selector: QueueSelector, limit: int
+) -> list[Job]:
+    """PostgreSQL without queue caps: one statement per queue pattern (see pg_claims)."""
+    paused = Pause.objects.using(db).values("queue_name")
+    now = timezone.now()
+    patterns = list(selector.conditions())
+    # One pattern (the usual "*") is one atomic statement; several share a transaction.
+    with transaction.atomic(using=db) if len(patterns) > 1 else nullcontext():
+        jobs: list[Job] = []
+        for condition in patterns:
+            if len(jobs) >= limit:
+                break
+            jobs += pg_claims.claim_matching(
+                db, process_id, condition, paused, limit - len(jobs), now
+            )
+    return jobs
 
 
 def lease_end(job: Job, now: datetime) -> datetime | None:
@@ -189,6 +212,18 @@ def start_jobs(db: str, jobs: list[Job], process_id: int, worker_id: str) -> lis
     """
     if not jobs:
         return []
+    if connections[db].vendor == "postgresql":
+        now = timezone.now()
+        written = pg_claims.start_held(db, [job.pk for job in jobs], process_id, worker_id, now)
+        started = []
+        for job in jobs:
+            if job.pk in written:
+                job.attempts, job.worker_ids = written[job.pk]
+                job.status = JobStatus.RUNNING
+                job.started_at = job.started_at or now
+                job.last_attempted_at = now
+                started.append(job)
+        return started
     with transaction.atomic(using=db):
         held = list(
             ClaimedExecution.objects.using(db)

@@ -85,7 +85,8 @@ def test_claim_does_not_grow_with_the_jobs(worker):
     bulk_enqueue(plain_calls(FEW + MANY))
     few = count(lambda: claim_jobs(DB, worker.pk, ALL, FEW))
     many = count(lambda: claim_jobs(DB, worker.pk, ALL, MANY))
-    assert few == many <= 7
+    # PostgreSQL: one data-modifying statement (no BEGIN/COMMIT); see pg_claims.
+    assert few == many <= budget(1, 7)
 
 
 def test_start_does_not_grow_with_the_jobs(worker):
@@ -94,7 +95,7 @@ def test_start_does_not_grow_with_the_jobs(worker):
     many_jobs = claim_jobs(DB, worker.pk, ALL, MANY)
     few = count(lambda: start_jobs(DB, few_jobs, worker.pk, worker.name))
     many = count(lambda: start_jobs(DB, many_jobs, worker.pk, worker.name))
-    assert few == many <= 5
+    assert few == many <= budget(1, 5)
 
 
 def test_batched_finish_does_not_grow_with_the_jobs(worker):

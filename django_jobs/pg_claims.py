@@ -1,0 +1,100 @@
+"""Claiming and starting on PostgreSQL in one statement each.
+
+Through the ORM a claim is BEGIN, a locking SELECT, a read of the jobs, the
+claimed rows' INSERT, the ready rows' DELETE, the jobs' UPDATE and COMMIT:
+seven round trips before a job can start, and starting it is five more. On
+PostgreSQL data-modifying CTEs do each in one statement, atomic in autocommit,
+with the same locks in the same order (ready rows with ``SKIP LOCKED``, then
+the jobs; for a start, this process's claimed rows, then the jobs), so the
+guarantees of ``claims.claim_jobs`` and ``claims.start_jobs`` hold unchanged.
+Queue caps (``max_concurrency``) keep the ORM path: they lock a cap row first.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from django.db import connections
+from django.db.models import Q, QuerySet
+
+from .models import ClaimedExecution, Job, JobStatus, ReadyExecution, UniqueUntil
+
+
+def claim_matching(
+    db: str, process_id: int, condition: Q, paused: QuerySet, limit: int, now: datetime
+) -> list[Job]:
+    """Claim up to ``limit`` ready jobs matching ``condition``; return them, claimed."""
+    connection = connections[db]
+    picked = (
+        ReadyExecution.objects.using(db)
+        .filter(condition)
+        .exclude(queue_name__in=paused)
+        .order_by("-priority", "job_id")
+        .values("job_id")[:limit]
+    )
+    picked_sql, picked_params = picked.query.get_compiler(using=db).as_sql()
+    # Added here: Django refuses to compile a locking read outside a transaction, and
+    # this statement is its own transaction.
+    picked_sql += " FOR UPDATE SKIP LOCKED"
+    quote = connection.ops.quote_name
+    job, ready, claimed = (
+        quote(model._meta.db_table) for model in (Job, ReadyExecution, ClaimedExecution)
+    )
+    columns = ", ".join(f"{job}.{quote(f.column)}" for f in Job._meta.concrete_fields)
+    sql = (
+        f"WITH picked AS ({picked_sql}), "
+        f"taken AS (DELETE FROM {ready} WHERE job_id IN (SELECT job_id FROM picked) "
+        f"RETURNING job_id), "
+        f"moved AS (UPDATE {job} SET status = %s FROM taken WHERE {job}.id = taken.job_id "
+        f"RETURNING {columns}), "
+        f"held AS (INSERT INTO {claimed} (job_id, process_id, queue_name, concurrency_key, "
+        f"lease_expires_at, batch_id, created_at) "
+        f"SELECT id, %s, queue_name, concurrency_key, "
+        f"CASE WHEN concurrency_key IS NOT NULL AND concurrency_duration IS NOT NULL "
+        f"THEN %s + concurrency_duration * interval '1 second' END, batch_id, %s FROM moved) "
+        f"SELECT * FROM moved"
+    )
+    params = [*picked_params, JobStatus.CLAIMED, process_id, now, now]
+    jobs = list(Job.objects.using(db).raw(sql, params))
+    jobs.sort(key=lambda job: (-job.priority, job.pk))
+    return jobs
+
+
+def start_held(
+    db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
+) -> dict[int, tuple]:
+    """Count an attempt for each job whose claim this process holds (locked first).
+
+    Returns ``{job id: (attempts, worker_ids)}`` as written. A claim gone
+    (recovered, pruned) leaves its job out: the locking subquery skips a row
+    deleted while it waited.
+    """
+    connection = connections[db]
+    quote = connection.ops.quote_name
+    job, claimed = quote(Job._meta.db_table), quote(ClaimedExecution._meta.db_table)
+    sql = (
+        f"UPDATE {job} SET status = %s, attempts = attempts + 1, "
+        f"worker_ids = COALESCE(worker_ids, '[]'::jsonb) || %s::jsonb, "
+        f"started_at = COALESCE(started_at, %s), last_attempted_at = %s, "
+        f"unique_lock = CASE WHEN unique_until = %s THEN NULL ELSE unique_lock END "
+        f"WHERE id IN (SELECT job_id FROM {claimed} WHERE process_id = %s "
+        f"AND job_id = ANY(%s) ORDER BY job_id FOR UPDATE) "
+        f"RETURNING id, attempts, worker_ids"
+    )
+    params = [
+        JobStatus.RUNNING,
+        json.dumps([worker_id]),
+        now,
+        now,
+        UniqueUntil.START,
+        process_id,
+        list(job_ids),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return {
+        pk: (attempts, json.loads(worker_ids) if isinstance(worker_ids, str) else worker_ids)
+        for pk, attempts, worker_ids in rows
+    }
