@@ -1,0 +1,1210 @@
+"""Throughput and latency of django-jobs against django-tasks-db, the peer, in one run.
+
+    python bench/throughput.py [--db postgres|mariadb|sqlite] [--smoke] [--json PATH]
+
+Run from the repository root (Linux: workers are found and measured in /proc).
+The database is ``--db``'s, else ``DATABASE_URL``'s, else PostgreSQL's
+``jobs_throughput`` on 127.0.0.1; it is created if missing and migrated, and
+its name must contain "throughput" or "bench": every phase empties the tables
+of both apps first, so that no phase sees another's rows.
+
+Each phase times ours and the peer through the same code, on the same
+database, in the same run: enqueue one by one, bulk enqueue, drain N no-op
+jobs by real worker processes (``run_jobs`` and ``db_worker`` started as
+subprocesses), drain jobs with concurrency keys (ours only), latency from
+enqueue to start with idle workers, and claim rate with a big table against
+an empty one. The table prints each figure of ours with its ratio against
+the peer's, > 1 meaning ours is better (rates: ours / peer; times and memory:
+peer / ours). The machine is noisy: read the ratios, not absolute figures.
+Figures are printed, never asserted; a phase that fails (a worker dies, a job
+fails, the queue stalls) ends the run non-zero, with every worker stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from importlib.metadata import version
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+ROOT = Path(__file__).resolve().parent.parent
+MANAGE = ROOT / "testproject" / "manage.py"
+SETTINGS = "bench.settings"
+DATABASE_URLS = {
+    "postgres": "postgres://postgres@127.0.0.1:5432/jobs_throughput",
+    "mariadb": "mysql://root@127.0.0.1:3306/jobs_throughput",
+    "sqlite": "sqlite:////tmp/jobs_throughput.sqlite3",
+}
+SAFE_NAME_PARTS = ("throughput", "bench")
+PHASES = ("enqueue", "bulk", "drain", "keyed", "latency", "claims")
+PEER = "peer"  # the TASKS alias of django-tasks-db in bench/settings.py
+PEER_QUEUE = "default"  # db_worker's default --queue-name, where peer_noop goes
+
+POLL = 0.25  # seconds between counts of finished jobs while waiting
+SETTLE = 1.0  # seconds given to started workers to go idle before jobs arrive
+PEER_STARTUP_DELAY = 1.0  # db_worker sleeps up to this long before its first poll
+START_TIMEOUT = 60.0
+STALL_TIMEOUT = 120.0  # no job finished for this long: the drain failed
+STOP_TIMEOUT = 20.0  # run_jobs' shutdown timeout (5 s) plus its children's
+LATENCY_WARMUP = 10  # jobs run before the latency samples: first imports, first plans
+PIECES = 10  # timed pieces of the in-process rates, whose median is reported
+DEFAULT_THREADS = 8  # run_jobs --threads; --processes defaults to the CPU count
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each phase does; printed with the figures."""
+
+    enqueue: int  # jobs enqueued one by one
+    jobs: int  # jobs bulk-enqueued, then drained
+    keys: int  # concurrency keys (limit 1) of the keyed drain
+    latency_samples: int
+    latency_interval_ms: float
+    finished: int  # finished rows present in the big-table claim phase
+    ready: int  # ready rows present in the big-table claim phase
+    claims: int  # jobs claimed in each claim phase
+    claim_batch: int  # jobs per claim of ours
+
+
+FULL = Sizes(2_000, 20_000, 1_000, 200, 30.0, 1_000_000, 100_000, 10_000, 0)
+SMOKE = Sizes(100, 1_000, 50, 20, 30.0, 20_000, 2_000, 500, 0)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", choices=sorted(DATABASE_URLS), help="default: DATABASE_URL")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures here")
+    parser.add_argument(
+        "--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}"
+    )
+    parser.add_argument("--keep-logs", action="store_true", help="keep the workers' logs")
+    sizes = parser.add_argument_group("sizes (defaults: full run / --smoke)")
+    for name, what in (
+        ("enqueue", "jobs enqueued one by one"),
+        ("jobs", "jobs bulk-enqueued and drained"),
+        ("keys", "concurrency keys of the keyed drain"),
+        ("latency-samples", "jobs timed from enqueue to start"),
+        ("latency-interval-ms", "ms between two of those enqueues"),
+        ("finished", "finished rows in the big-table claim phase"),
+        ("ready", "ready rows in the big-table claim phase"),
+        ("claims", "jobs claimed per claim phase"),
+        ("claim-batch", "jobs per claim of ours (default: --threads)"),
+    ):
+        attr = name.replace("-", "_")
+        kind = float if attr == "latency_interval_ms" else int
+        full, smoke = getattr(FULL, attr), getattr(SMOKE, attr)
+        sizes.add_argument(f"--{name}", type=kind, help=f"{what} ({full:,} / {smoke:,})")
+    workers = parser.add_argument_group("workers")
+    workers.add_argument("--processes", type=int, help="run_jobs --processes (CPU count)")
+    workers.add_argument("--threads", type=int, help=f"run_jobs --threads ({DEFAULT_THREADS})")
+    workers.add_argument("--peer-processes", type=int, default=2, help="db_worker processes (2)")
+    options = parser.parse_args()
+    unknown = set(options.phases.split(",")) - set(PHASES)
+    if unknown:
+        parser.error(f"unknown phases: {', '.join(sorted(unknown))}")
+    return options
+
+
+OPTIONS = parse_args()
+
+# Settings are read at django.setup(), so the environment must be ready before it.
+sys.path.insert(0, str(ROOT))
+os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
+if OPTIONS.db:
+    os.environ["DATABASE_URL"] = DATABASE_URLS[OPTIONS.db]
+os.environ.setdefault("DATABASE_URL", DATABASE_URLS["postgres"])
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.apps import apps  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.core.management.color import no_style  # noqa: E402
+from django.db import connection, models, transaction  # noqa: E402
+from django.db.models import Max, Min  # noqa: E402
+from django.tasks import TaskResultStatus, task_backends  # noqa: E402
+from django.utils import timezone  # noqa: E402
+from django_tasks_db.models import DBTaskResult, get_date_max  # noqa: E402
+from django_tasks_db.utils import exclusive_transaction  # noqa: E402
+
+from bench.tasks import noop, noop_keyed, peer_noop  # noqa: E402
+from django_jobs.backend import JobsBackend  # noqa: E402
+from django_jobs.claims import claim_jobs  # noqa: E402
+from django_jobs.conf import JobsSettings  # noqa: E402
+from django_jobs.models import (  # noqa: E402
+    FINISHED_STATUSES,
+    Job,
+    JobStatus,
+    Process,
+    ReadyExecution,
+)
+from django_jobs.processes import register_process  # noqa: E402
+from django_jobs.queues import QueueSelector  # noqa: E402
+
+DB = "default"
+
+
+def progress(message: str) -> None:
+    """Progress goes to stderr, so stdout holds only the report."""
+    print(f"- {message}", file=sys.stderr, flush=True)
+
+
+# --- the database ----------------------------------------------------------------------
+
+
+def database_name() -> str:
+    name = str(settings.DATABASES[DB]["NAME"])
+    return Path(name).name if connection.vendor == "sqlite" else name
+
+
+def check_database_name() -> None:
+    """Refuse a database that might be someone's: every phase empties the tables."""
+    name = database_name()
+    if not any(part in name for part in SAFE_NAME_PARTS):
+        raise SystemExit(
+            f"refusing to empty tables of database {name!r}: its name must contain "
+            f"{' or '.join(repr(p) for p in SAFE_NAME_PARTS)} (e.g. jobs_throughput)"
+        )
+
+
+def create_database() -> None:
+    """Create the server's database if it is missing (SQLite creates its file itself)."""
+    name = database_name()
+    if connection.vendor == "postgresql":
+        with connection._nodb_cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
+            if cursor.fetchone() is None:
+                cursor.execute(f"CREATE DATABASE {connection.ops.quote_name(name)}")
+    elif connection.vendor == "mysql":
+        with connection._nodb_cursor() as cursor:
+            quoted = connection.ops.quote_name(name)
+            cursor.execute(f"CREATE DATABASE IF NOT EXISTS {quoted} CHARACTER SET utf8mb4")
+
+
+def app_tables() -> list[str]:
+    """Every table of both apps (proxies have none of their own)."""
+    return [
+        model._meta.db_table
+        for label in ("django_jobs", DBTaskResult._meta.app_label)
+        for model in apps.get_app_config(label).get_models()
+        if not model._meta.proxy
+    ]
+
+
+def reset_tables() -> None:
+    """Empty both apps' tables (TRUNCATE where there is one), so phases never share rows."""
+    statements = connection.ops.sql_flush(
+        no_style(), app_tables(), reset_sequences=True, allow_cascade=True
+    )
+    connection.ops.execute_sql_flush(statements)
+
+
+def analyze() -> None:
+    """Give freshly planted tables the statistics a table in service has.
+
+    Autovacuum (PostgreSQL) and InnoDB's automatic statistics would get there
+    on their own some time after a bulk load; without this, claims would be
+    timed with plans made blind. SQLite is left as Django leaves it.
+    """
+    with connection.cursor() as cursor:
+        for table in app_tables():
+            quoted = connection.ops.quote_name(table)
+            if connection.vendor == "postgresql":
+                cursor.execute(f"VACUUM ANALYZE {quoted}")
+            elif connection.vendor == "mysql":
+                cursor.execute(f"ANALYZE TABLE {quoted}")
+                cursor.fetchall()
+
+
+def series(count: int) -> tuple[str, list[int]]:
+    """A FROM clause yielding ``count`` rows, the fastest way each database has."""
+    if connection.vendor == "postgresql":
+        return "generate_series(1, %s) AS series(n)", [count]
+    if connection.vendor == "mysql" and connection.mysql_is_mariadb:
+        return f"seq_1_to_{int(count)} AS series", []  # the Sequence engine's virtual table
+    if connection.vendor == "sqlite":
+        recursive = "WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < %s)"
+        return f"({recursive} SELECT n FROM s) AS series", [count]
+    raise SystemExit(f"planting rows on {connection.vendor} is not supported")
+
+
+def random_uuid_sql() -> str:
+    """SQL for a fresh UUID per row, in the column type Django gave UUIDField here."""
+    if connection.vendor == "postgresql":
+        return "gen_random_uuid()"
+    if connection.vendor == "mysql":
+        native = connection.data_types["UUIDField"] == "uuid"
+        return "UUID()" if native else "REPLACE(UUID(), '-', '')"
+    return "lower(hex(randomblob(16)))"
+
+
+def insert_series(
+    model: type[models.Model], count: int, template: models.Model, expressions: dict[str, str]
+) -> None:
+    """INSERT ``count`` copies of ``template`` in one statement, generated by the server.
+
+    Columns in ``expressions`` take that SQL instead (a fresh id per row);
+    the auto primary key and NULL columns are left to the database.
+    """
+    if count <= 0:
+        return
+    columns, values, params = [], [], []
+    for column in model._meta.concrete_fields:
+        if column.column in expressions:
+            columns.append(column.column)
+            values.append(expressions[column.column])
+            continue
+        value = getattr(template, column.attname)
+        if column is model._meta.pk or value is None:
+            continue
+        columns.append(column.column)
+        values.append("%s")
+        params.append(column.get_db_prep_save(value, connection))
+    source, source_params = series(count)
+    quoted = ", ".join(connection.ops.quote_name(c) for c in columns)
+    table = connection.ops.quote_name(model._meta.db_table)
+    sql = f"INSERT INTO {table} ({quoted}) SELECT {', '.join(values)} FROM {source}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, *source_params])
+
+
+def server_version() -> str:
+    query = "SELECT sqlite_version()" if connection.vendor == "sqlite" else "SELECT version()"
+    with connection.cursor() as cursor:
+        cursor.execute(query)
+        return str(cursor.fetchone()[0]).split(" on ")[0]
+
+
+# --- worker processes ------------------------------------------------------------------
+
+
+def worker_environment() -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": SETTINGS,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, session id) of a process, None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[0], int(fields[3])
+
+
+def session_members(sessions: set[int]) -> list[int]:
+    """Live processes of these sessions: a command's children too, whatever group they move to.
+
+    run_jobs' children leave the supervisor's process group (so a Ctrl-C
+    reaches only it) but never its session, which is how leftovers are found.
+    """
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = proc_stat(int(entry.name))
+            if stat is not None and stat[0] != "Z" and stat[1] in sessions:
+                members.append(int(entry.name))
+    return sorted(members)
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process (VmRSS), in MB; 0 if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class WorkerCrashed(RuntimeError):
+    pass
+
+
+class Workers:
+    """Worker commands run as subprocesses, each the leader of a new session.
+
+    Leaving the block, normally or not, sends SIGTERM to each command (a
+    process manager's stop), waits for the sessions to empty, SIGKILLs what
+    is left and fails if anything survives that.
+    """
+
+    def __init__(self, commands: list[list[str]], log_dir: Path, label: str) -> None:
+        self.commands = commands
+        self.logs = [log_dir / f"{label}-{n}.log" for n in range(len(commands))]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.files: list[IO[bytes]] = []
+
+    def __enter__(self) -> Workers:
+        try:
+            for command, log in zip(self.commands, self.logs, strict=True):
+                self.files.append(log.open("wb"))
+                self.procs.append(
+                    subprocess.Popen(
+                        command,
+                        cwd=ROOT,
+                        env=worker_environment(),
+                        stdin=subprocess.DEVNULL,
+                        stdout=self.files[-1],
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def sessions(self) -> set[int]:
+        return {proc.pid for proc in self.procs}
+
+    def members(self) -> list[int]:
+        return session_members(self.sessions)
+
+    def check_alive(self) -> None:
+        for proc, log in zip(self.procs, self.logs, strict=False):
+            if proc.poll() is not None:
+                raise WorkerCrashed(
+                    f"{' '.join(proc.args[2:])} exited with {proc.returncode}; "
+                    f"its log ends:\n{tail(log)}"
+                )
+
+    def log_text(self) -> list[str]:
+        return [log.read_text(errors="replace") for log in self.logs]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while self.reap() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in self.members():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in self.procs:
+            proc.wait(10)
+        for file in self.files:
+            file.close()
+        deadline = time.monotonic() + 5
+        while self.members() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.members():
+            raise RuntimeError(f"worker processes left behind: {self.members()}")
+
+    def reap(self) -> list[int]:
+        """Collect exited commands; return the sessions' live processes."""
+        for proc in self.procs:
+            proc.poll()
+        return self.members()
+
+
+def tail(log: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_until(condition: Callable[[], bool], workers: Workers, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        workers.check_alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(POLL)
+
+
+def wait_finished(bench: Bench, workers: Workers, total: int) -> None:
+    """Poll until ``total`` jobs are finished; fail if the count stops moving."""
+    last, moved = -1, time.monotonic()
+    while (done := bench.finished_count()) < total:
+        workers.check_alive()
+        if done != last:
+            last, moved = done, time.monotonic()
+        elif time.monotonic() - moved > STALL_TIMEOUT:
+            raise RuntimeError(f"{bench.name}: stalled at {done:,}/{total:,} finished jobs")
+        time.sleep(POLL)
+
+
+# --- the two backends, behind one interface --------------------------------------------
+
+
+@dataclass
+class Drain:
+    """One drain: rate from the rows' own timestamps, wall time as the harness saw it."""
+
+    jobs: int
+    rate: float  # jobs / (last finished_at - first started_at)
+    span_s: float
+    wall_s: float  # from the enqueue's commit to the poll that saw all finished
+    plant_s: float
+    rss: dict[str, Any] = field(default_factory=dict)
+
+
+class Bench(Protocol):
+    name: str
+
+    def commands(self) -> list[list[str]]: ...
+    def wait_ready(self, workers: Workers) -> None: ...
+    def enqueue_one(self) -> str: ...
+    def enqueue_many(self, count: int) -> None: ...
+    def row_count(self) -> int: ...
+    def finished_count(self) -> int: ...
+    def failed_count(self) -> int: ...
+    def span(self) -> tuple[datetime, datetime]: ...
+    def latencies_ms(self, ids: list[str]) -> list[float]: ...
+    def rss(self, workers: Workers) -> dict[str, Any]: ...
+    def plant(self, finished: int, ready: int) -> None: ...
+    def claim(self, limit: int) -> int: ...
+
+
+class Ours:
+    """django-jobs: ``run_jobs``, P processes x T threads, plus its supervisor and dispatcher."""
+
+    name = "ours"
+
+    def __init__(self, processes: int, threads: int) -> None:
+        self.processes = processes
+        self.threads = threads
+        self.backend: JobsBackend = task_backends["default"]
+        self.claimer: Process | None = None
+
+    def commands(self) -> list[list[str]]:
+        flags = ["--processes", str(self.processes), "--threads", str(self.threads)]
+        return [[sys.executable, str(MANAGE), "run_jobs", *flags]]
+
+    def wait_ready(self, workers: Workers) -> None:
+        def registered() -> bool:
+            kinds = list(Process.objects.values_list("kind", flat=True))
+            return kinds.count(Process.Kind.WORKER) >= self.processes and (
+                Process.Kind.DISPATCHER in kinds
+            )
+
+        wait_until(registered, workers, "run_jobs' workers to register", START_TIMEOUT)
+        time.sleep(SETTLE)
+
+    def enqueue_one(self) -> str:
+        return noop.enqueue().id
+
+    def enqueue_many(self, count: int) -> None:
+        self.backend.bulk_enqueue([(noop, (), {})] * count)
+
+    def enqueue_keyed(self, count: int, keys: int) -> None:
+        self.backend.bulk_enqueue([(noop_keyed, (), {"key": n % keys}) for n in range(count)])
+
+    def row_count(self) -> int:
+        return Job.objects.count()
+
+    def finished_count(self) -> int:
+        return Job.objects.filter(status__in=FINISHED_STATUSES).count()
+
+    def failed_count(self) -> int:
+        return Job.objects.exclude(status=JobStatus.SUCCEEDED).count()
+
+    def span(self) -> tuple[datetime, datetime]:
+        row = Job.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
+        return row["first"], row["last"]
+
+    def latencies_ms(self, ids: list[str]) -> list[float]:
+        rows = Job.objects.filter(pk__in=[int(pk) for pk in ids])
+        return [ms(row.started_at - row.enqueued_at) for row in rows]
+
+    def rss(self, workers: Workers) -> dict[str, Any]:
+        """Per role, from the process registry: worker children, supervisor, dispatcher."""
+        kinds = dict(Process.objects.values_list("pid", "kind"))
+        supervisor = workers.procs[0].pid
+        by_role: dict[str, list[float]] = {"worker": [], "supervisor": [], "other": []}
+        for pid in workers.members():
+            kind = "supervisor" if pid == supervisor else kinds.get(pid, "other")
+            by_role.setdefault(kind, []).append(rss_mb(pid))
+        return rss_summary(by_role, ("worker", "supervisor"))
+
+    def plant(self, finished: int, ready: int) -> None:
+        """Finished jobs, then ready ones (newer ids, as in service) with their ready rows."""
+        self.claimer = None  # the tables were emptied: its process row is gone
+        now = timezone.now()
+        done = Job(
+            task_path=noop.module_path,
+            queue_name="default",
+            status=JobStatus.SUCCEEDED,
+            enqueued_at=now - timedelta(days=1),
+            started_at=now - timedelta(days=1),
+            last_attempted_at=now - timedelta(days=1),
+            finished_at=now - timedelta(days=1),
+            attempts=1,
+            worker_ids=["worker-bench"],
+        )
+        insert_series(Job, finished, done, {})
+        waiting = Job(task_path=noop.module_path, queue_name="default", enqueued_at=now)
+        insert_series(Job, ready, waiting, {})
+        job, ready_row = Job._meta, ReadyExecution._meta
+        quote = connection.ops.quote_name
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {quote(ready_row.db_table)} "
+                "(job_id, queue_name, priority, created_at) "
+                f"SELECT id, queue_name, priority, enqueued_at FROM {quote(job.db_table)} "
+                "WHERE status = %s",
+                [JobStatus.READY],
+            )
+
+    def claim(self, limit: int) -> int:
+        """One claim as the worker makes it (its process row is the FK the claims need)."""
+        if self.claimer is None:
+            self.claimer = register_process(DB, Process.Kind.WORKER)
+        return len(claim_jobs(DB, self.claimer.pk, QueueSelector(("*",)), limit=limit))
+
+
+class Peer:
+    """django-tasks-db: ``db_worker`` processes (one job at a time each), defaults otherwise."""
+
+    name = "peer"
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+
+    def commands(self) -> list[list[str]]:
+        flags = ["--backend", PEER, "--queue-name", PEER_QUEUE]
+        return [[sys.executable, str(MANAGE), "db_worker", *flags]] * self.processes
+
+    def wait_ready(self, workers: Workers) -> None:
+        def started() -> bool:
+            return all("Starting worker" in text for text in workers.log_text())
+
+        wait_until(started, workers, "db_worker to start", START_TIMEOUT)
+        time.sleep(PEER_STARTUP_DELAY + SETTLE)
+
+    def enqueue_one(self) -> str:
+        return peer_noop.enqueue().id
+
+    def enqueue_many(self, count: int) -> None:
+        """The best it offers for many jobs: no bulk API, so one transaction around enqueue()."""
+        with transaction.atomic():
+            for _ in range(count):
+                peer_noop.enqueue()
+
+    def row_count(self) -> int:
+        return DBTaskResult.objects.count()
+
+    def finished_count(self) -> int:
+        finished = (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+        return DBTaskResult.objects.filter(status__in=finished).count()
+
+    def failed_count(self) -> int:
+        return DBTaskResult.objects.exclude(status=TaskResultStatus.SUCCESSFUL).count()
+
+    def span(self) -> tuple[datetime, datetime]:
+        row = DBTaskResult.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
+        return row["first"], row["last"]
+
+    def latencies_ms(self, ids: list[str]) -> list[float]:
+        rows = DBTaskResult.objects.filter(pk__in=ids)
+        return [ms(row.started_at - row.enqueued_at) for row in rows]
+
+    def rss(self, workers: Workers) -> dict[str, Any]:
+        return rss_summary({"worker": [rss_mb(pid) for pid in workers.members()]}, ("worker",))
+
+    def plant(self, finished: int, ready: int) -> None:
+        now = timezone.now()
+        common = {
+            "args_kwargs": {"args": [], "kwargs": {}},
+            "task_path": peer_noop.module_path,
+            "queue_name": PEER_QUEUE,
+            "backend_name": PEER,
+            "run_after": get_date_max(),
+            "exception_class_path": "",
+            "traceback": "",
+        }
+        done = DBTaskResult(
+            **common,
+            status=TaskResultStatus.SUCCESSFUL,
+            enqueued_at=now - timedelta(days=1),
+            started_at=now - timedelta(days=1),
+            finished_at=now - timedelta(days=1),
+            worker_ids=["worker-bench"],
+        )
+        fresh_id = {DBTaskResult._meta.pk.column: random_uuid_sql()}
+        insert_series(DBTaskResult, finished, done, fresh_id)
+        waiting = DBTaskResult(**common, status=TaskResultStatus.READY, enqueued_at=now)
+        insert_series(DBTaskResult, ready, waiting, fresh_id)
+
+    def claim(self, limit: int) -> int:
+        """What db_worker's loop does to take its next job; it takes one per transaction."""
+        tasks = DBTaskResult.objects.ready().filter(backend_name=PEER)
+        tasks = tasks.filter(queue_name__in=[PEER_QUEUE])
+        with exclusive_transaction(tasks.db):
+            task_result = tasks.get_locked()
+            if task_result is None:
+                return 0
+            task_result.claim("worker-bench")
+        return 1
+
+
+def ms(delta: timedelta) -> float:
+    return delta.total_seconds() * 1000
+
+
+def rss_summary(by_role: dict[str, list[float]], counted: tuple[str, ...]) -> dict[str, Any]:
+    """Max and sum over the roles the brief counts, plus every process of the sessions."""
+    counted_mb = [mb for role in counted for mb in by_role.get(role, [])]
+    every = [mb for values in by_role.values() for mb in values]
+    return {
+        "max_mb": max(counted_mb, default=0.0),
+        "sum_mb": sum(counted_mb),
+        "all_processes_mb": sum(every),
+        "by_role_mb": {role: [round(mb, 1) for mb in v] for role, v in by_role.items() if v},
+    }
+
+
+# --- phases ----------------------------------------------------------------------------
+
+
+@dataclass
+class Rate:
+    """A rate timed in pieces: the median piece's (the figure) and the whole run's."""
+
+    median: float
+    overall: float
+
+
+def pieces(total: int, count: int) -> list[int]:
+    """``total`` split into at most ``count`` near-equal, non-empty pieces."""
+    base, extra = divmod(total, count)
+    sizes = [base + (1 if n < extra else 0) for n in range(count)]
+    return [size for size in sizes if size]
+
+
+def timed_in_pieces(total: int, work: Callable[[int], int]) -> Rate:
+    """Do ``total`` units of work in PIECES timed pieces; ``work(n)`` does n of them.
+
+    The median piece is the figure: a burst of load from elsewhere on a shared
+    machine slows a piece or two, which the median drops and a total keeps.
+    """
+    rates, done, elapsed = [], 0, 0.0
+    for size in pieces(total, PIECES):
+        began = time.perf_counter()
+        done += work(size)
+        took = time.perf_counter() - began
+        rates.append(size / took)
+        elapsed += took
+    return Rate(statistics.median(rates), done / elapsed)
+
+
+def check_rows(bench: Bench, expected: int) -> None:
+    found = bench.row_count()
+    if found != expected:
+        raise RuntimeError(f"{bench.name}: {found:,} rows after enqueuing {expected:,}")
+
+
+def enqueue_rate(bench: Bench, count: int) -> Rate:
+    """``enqueue()`` one by one, each in its own autocommit transaction, after a warm-up."""
+    reset_tables()
+    bench.enqueue_one()
+
+    def enqueue(n: int) -> int:
+        for _ in range(n):
+            bench.enqueue_one()
+        return n
+
+    rate = timed_in_pieces(count, enqueue)
+    check_rows(bench, count + 1)
+    return rate
+
+
+def bulk_rate(bench: Bench, count: int) -> float:
+    """All ``count`` jobs in one call: a single timing, there is nothing to split."""
+    reset_tables()
+    began = time.perf_counter()
+    bench.enqueue_many(count)
+    rate = count / (time.perf_counter() - began)
+    check_rows(bench, count)
+    return rate
+
+
+def drain(bench: Bench, jobs: int, plant: Callable[[], None], log_dir: Path, label: str) -> Drain:
+    """Start the workers, let them go idle, commit ``jobs`` at once, time until all finished.
+
+    Startup is not counted: the rate runs from the first job's start to the
+    last one's finish, as the rows record them, and the wall time from the
+    commit that made the jobs visible to the poll that saw the last finished.
+    Memory is read while the workers still run, after all that work.
+    """
+    reset_tables()
+    with Workers(bench.commands(), log_dir, label) as workers:
+        bench.wait_ready(workers)
+        began = time.perf_counter()
+        plant()
+        committed = time.perf_counter()
+        wait_finished(bench, workers, jobs)
+        wall = time.perf_counter() - committed
+        rss = bench.rss(workers)
+    failed = bench.failed_count()
+    if failed:
+        raise RuntimeError(f"{bench.name}: {failed:,} of {jobs:,} jobs did not succeed")
+    first, last = bench.span()
+    span = (last - first).total_seconds()
+    return Drain(jobs, jobs / span, span, wall, committed - began, rss)
+
+
+def latency(bench: Bench, samples: int, interval_ms: float, log_dir: Path) -> list[float]:
+    """Enqueue→start in ms of ``samples`` jobs enqueued at a steady pace to idle workers.
+
+    A few jobs run first and are not counted: each worker's first job pays for
+    importing the task module, which says nothing about how fast it wakes up.
+    """
+    reset_tables()
+    with Workers(bench.commands(), log_dir, f"{bench.name}-latency") as workers:
+        bench.wait_ready(workers)
+        paced(bench.enqueue_one, LATENCY_WARMUP, 50.0)
+        wait_finished(bench, workers, LATENCY_WARMUP)
+        time.sleep(SETTLE)
+        ids = paced(bench.enqueue_one, samples, interval_ms)
+        wait_finished(bench, workers, LATENCY_WARMUP + samples)
+    return bench.latencies_ms(ids)
+
+
+def paced(enqueue: Callable[[], str], count: int, interval_ms: float) -> list[str]:
+    """Enqueue ``count`` jobs, one every ``interval_ms`` from the first (no drift)."""
+    ids, began = [], time.perf_counter()
+    for n in range(count):
+        delay = began + n * interval_ms / 1000 - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        ids.append(enqueue())
+    return ids
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50": cuts[49], "p95": cuts[94], "p99": cuts[98], "max": max(values)}
+
+
+def claim_rate(bench: Bench, claims: int, batch: int) -> Rate:
+    """Claims/s over ``claims`` jobs taken ``batch`` at a time, after one warm-up claim."""
+    if not bench.claim(batch):
+        raise RuntimeError(f"{bench.name}: nothing to claim")
+
+    def claim(count: int) -> int:
+        taken = 0
+        while taken < count:
+            got = bench.claim(min(batch, count - taken))
+            if not got:
+                raise RuntimeError(f"{bench.name}: ran out of ready jobs to claim")
+            taken += got
+        return taken
+
+    return timed_in_pieces(claims, claim)
+
+
+def claims_phase(bench: Bench, sizes: Sizes, batch: int) -> dict[str, Any]:
+    """Claim rate with only the jobs to claim present, then among many finished and ready."""
+    result: dict[str, Any] = {"batch": batch}
+    scenarios = {"empty": (0, sizes.claims + batch), "big": (sizes.finished, sizes.ready)}
+    for scenario, (finished, ready) in scenarios.items():
+        reset_tables()
+        began = time.perf_counter()
+        bench.plant(finished, ready)
+        analyze()
+        planted = time.perf_counter() - began
+        progress(
+            f"{bench.name}: planted {finished:,} finished + {ready:,} ready in {planted:.1f} s"
+        )
+        result[scenario] = asdict(claim_rate(bench, sizes.claims, batch))
+        result[f"{scenario}_plant_s"] = planted
+    result["big_over_empty"] = result["big"]["median"] / result["empty"]["median"]
+    return result
+
+
+# --- the report ------------------------------------------------------------------------
+
+
+@dataclass
+class Figure:
+    """One line of the table: ours, the peer's, and the ratio (> 1: ours is better)."""
+
+    key: str
+    label: str
+    unit: str
+    ours: float | None
+    peer: float | None
+    higher_is_better: bool = True
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.ours or not self.peer:
+            return None
+        return self.ours / self.peer if self.higher_is_better else self.peer / self.ours
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "ratio": self.ratio,
+            "ratio_is": "ours / peer" if self.higher_is_better else "peer / ours",
+        }
+
+
+@dataclass
+class Check:
+    """A ratio of ours against ours, with the target it should meet."""
+
+    key: str
+    label: str
+    value: float
+    target: str
+
+
+@dataclass
+class Report:
+    figures: list[Figure] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    """What every phase needs, and the report they add to."""
+
+    sizes: Sizes
+    ours: Ours
+    peer: Peer
+    log_dir: Path
+    report: Report = field(default_factory=Report)
+    plain_drain: Drain | None = None  # ours, without keys: the keyed drain's reference
+
+
+def phase_enqueue(run: Run) -> None:
+    count = run.sizes.enqueue
+    progress(f"enqueue one by one: {count:,} jobs each")
+    ours, peer = enqueue_rate(run.ours, count), enqueue_rate(run.peer, count)
+    note = f"median of {PIECES} pieces"
+    run.report.figures.append(
+        Figure("enqueue_rate", "enqueue one by one", "jobs/s", ours.median, peer.median, note=note)
+    )
+    run.report.details["enqueue"] = {"ours": asdict(ours), "peer": asdict(peer)}
+
+
+def phase_bulk(run: Run) -> None:
+    count = run.sizes.jobs
+    progress(f"bulk enqueue: {count:,} jobs each")
+    ours, peer = bulk_rate(run.ours, count), bulk_rate(run.peer, count)
+    note = "peer: enqueue() loop in one atomic()"
+    run.report.figures.append(Figure("bulk_rate", "bulk enqueue", "jobs/s", ours, peer, note=note))
+
+
+def phase_drain(run: Run) -> None:
+    count = run.sizes.jobs
+    progress(f"drain: {count:,} no-op jobs each")
+    ours = drain(run.ours, count, lambda: run.ours.enqueue_many(count), run.log_dir, "ours")
+    peer = drain(run.peer, count, lambda: run.peer.enqueue_many(count), run.log_dir, "peer")
+    run.plain_drain = ours
+    run.report.figures += [
+        Figure("drain_rate", "drain no-op jobs", "jobs/s", ours.rate, peer.rate),
+        Figure(
+            "drain_wall", "drain wall time", "s", ours.wall_s, peer.wall_s, False, "commit→done"
+        ),
+    ]
+    rss = "ours: workers + supervisor"
+    every = "ours: + dispatcher, mp tracker"
+    for key, label, note in (
+        ("max_mb", "worker RSS, largest process", rss),
+        ("sum_mb", "worker RSS, sum", rss),
+        ("all_processes_mb", "RSS of every process", every),
+    ):
+        run.report.figures.append(
+            Figure(f"rss_{key[:-3]}", label, "MB", ours.rss[key], peer.rss[key], False, note)
+        )
+    run.report.details["drain"] = {"ours": asdict(ours), "peer": asdict(peer)}
+
+
+def phase_keyed(run: Run) -> None:
+    count, keys = run.sizes.jobs, run.sizes.keys
+    progress(f"keyed drain: {count:,} jobs over {keys:,} keys, ours")
+    keyed = drain(
+        run.ours, count, lambda: run.ours.enqueue_keyed(count, keys), run.log_dir, "ours-keyed"
+    )
+    label = f"drain, {keys:,} keys limit 1"
+    run.report.figures.append(Figure("keyed_drain_rate", label, "jobs/s", keyed.rate, None))
+    run.report.details["keyed_drain"] = asdict(keyed)
+    if run.plain_drain is not None:
+        ratio = keyed.rate / run.plain_drain.rate
+        label = "ours: keyed drain / unlimited drain"
+        run.report.checks.append(Check("keyed_over_plain", label, ratio, ">= 0.5"))
+
+
+def phase_latency(run: Run) -> None:
+    sizes = run.sizes
+    progress(f"latency: {sizes.latency_samples:,} jobs each")
+    mine, theirs = (
+        percentiles(latency(b, sizes.latency_samples, sizes.latency_interval_ms, run.log_dir))
+        for b in (run.ours, run.peer)
+    )
+    for cut in ("p50", "p95", "p99"):
+        note = f"ours: {wakeup(JobsSettings.load())[0]}" if cut == "p50" else ""
+        run.report.figures.append(
+            Figure(
+                f"latency_{cut}",
+                f"latency enqueue→start {cut}",
+                "ms",
+                mine[cut],
+                theirs[cut],
+                False,
+                note,
+            )
+        )
+    run.report.details["latency_ms"] = {"ours": mine, "peer": theirs}
+
+
+def phase_claims(run: Run) -> None:
+    sizes = run.sizes
+    progress(f"claims: {sizes.claims:,} each, empty table then big table")
+    ours = claims_phase(run.ours, sizes, sizes.claim_batch)
+    peer = claims_phase(run.peer, sizes, 1)
+    note = f"median of {PIECES} pieces"
+    run.report.figures += [
+        Figure(
+            "claim_rate_empty",
+            "claims, empty table",
+            "jobs/s",
+            ours["empty"]["median"],
+            peer["empty"]["median"],
+            note=note,
+        ),
+        Figure(
+            "claim_rate_big",
+            "claims, big table",
+            "jobs/s",
+            ours["big"]["median"],
+            peer["big"]["median"],
+            note=f"{sizes.finished:,} finished + {sizes.ready:,} ready",
+        ),
+    ]
+    run.report.checks += [
+        Check(
+            "claim_big_over_empty",
+            "ours: claims big / empty table",
+            ours["big_over_empty"],
+            ">= 0.90",
+        ),
+        Check(
+            "peer_claim_big_over_empty",
+            "peer: claims big / empty table",
+            peer["big_over_empty"],
+            "none (for reference)",
+        ),
+    ]
+    run.report.details["claims"] = {"ours": ours, "peer": peer}
+
+
+PHASE_RUNNERS: dict[str, Callable[[Run], None]] = {
+    "enqueue": phase_enqueue,
+    "bulk": phase_bulk,
+    "drain": phase_drain,
+    "keyed": phase_keyed,
+    "latency": phase_latency,
+    "claims": phase_claims,
+}
+
+
+def number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
+
+
+def print_table(report: Report) -> None:
+    print()
+    print(f"{'figure':<32}{'unit':>7}{'ours':>10}{'peer':>10}{'ratio':>8}  note")
+    for f in report.figures:
+        ratio = f"{f.ratio:.2f}x" if f.ratio else "-"
+        note = f"{'' if f.higher_is_better else 'lower is better; '}{f.note}".strip("; ")
+        print(f"{f.label:<32}{f.unit:>7}{number(f.ours):>10}{number(f.peer):>10}{ratio:>8}  {note}")
+    print("ratio > 1: ours is better (rates: ours / peer; times and memory: peer / ours)")
+    if report.checks:
+        print()
+    for c in report.checks:
+        print(f"{c.label:<40}{c.value:>6.2f}  target {c.target}")
+
+
+# --- the run's circumstances -----------------------------------------------------------
+
+
+def git_commit() -> str:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return f"{commit} + uncommitted changes" if dirty else commit
+
+
+def wakeup(conf: JobsSettings) -> tuple[str, str]:
+    """How idle workers of ours learn of a new job in this tree: (short, long).
+
+    LISTEN/NOTIFY is being added as this is written; the latency figure drops
+    when it is active, so the report says which of the two it measured.
+    """
+    polling = f"polling every {conf.polling_interval:g} s"
+    if connection.vendor != "postgresql" or not getattr(conf, "listen_notify", False):
+        return "polling", f"{polling}; no LISTEN/NOTIFY in this tree or on this database"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal",
+            [ReadyExecution._meta.db_table],
+        )
+        triggers = [row[0] for row in cursor.fetchall()]
+    if not triggers:
+        return "polling", f"{polling}; listen_notify is on but no trigger sends NOTIFY"
+    return "LISTEN/NOTIFY", f"LISTEN/NOTIFY (trigger {', '.join(triggers)}), {polling} as fallback"
+
+
+def circumstances(run: Run) -> dict[str, Any]:
+    conf = JobsSettings.load()
+    return {
+        "cores": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "django_tasks_db": version("django-tasks-db"),
+        "database": f"{connection.vendor} {server_version()} ({database_name()})",
+        "git": git_commit(),
+        "debug": settings.DEBUG,
+        "ours": {
+            "command": run.ours.commands()[0][2:],
+            "processes": run.ours.processes,
+            "threads": run.ours.threads,
+            "wakeup": wakeup(conf)[1],
+            "batch_size": conf.batch_size,
+        },
+        "peer": {
+            "command": run.peer.commands()[0][2:],
+            "processes": run.peer.processes,
+            "defaults": "--interval 1, random startup delay up to 1 s, no --reload (DEBUG off)",
+        },
+    }
+
+
+def print_header(info: dict[str, Any], sizes: Sizes) -> None:
+    ours, peer = info["ours"], info["peer"]
+    print(f"machine: {info['cores']} cores, load {info['load_average']}, Python {info['python']}")
+    print(f"django {info['django']}, django-tasks-db {info['django_tasks_db']}, git {info['git']}")
+    print(f"database: {info['database']}, CONN_MAX_AGE=600 for both, DEBUG={info['debug']}")
+    print(
+        f"ours: {' '.join(ours['command'])} (+ supervisor, dispatcher); wakes by {ours['wakeup']}"
+    )
+    print(
+        f"peer: {peer['processes']} x {' '.join(peer['command'])}; its defaults otherwise "
+        f"({peer['defaults']}); one job at a time per process"
+    )
+    print(
+        f"sizes: {sizes.enqueue:,} enqueued one by one; {sizes.jobs:,} bulk-enqueued, then "
+        f"drained (and over {sizes.keys:,} keys, limit 1); {sizes.latency_samples:,} latency "
+        f"samples, one every {sizes.latency_interval_ms:g} ms; {sizes.claims:,} claims "
+        f"({sizes.claim_batch} per claim of ours, 1 per peer's) among {sizes.finished:,} "
+        f"finished + {sizes.ready:,} ready rows vs none"
+    )
+    print("bulk enqueue of the peer: it has no bulk API; enqueue() in a loop in one atomic()")
+
+
+# --- main ------------------------------------------------------------------------------
+
+
+def resolve_sizes(options: argparse.Namespace, threads: int) -> Sizes:
+    base = SMOKE if options.smoke else FULL
+    values = {
+        name: getattr(options, name) if getattr(options, name) is not None else default
+        for name, default in asdict(base).items()
+    }
+    values["claim_batch"] = values["claim_batch"] or threads
+    sizes = Sizes(**values)
+    if sizes.ready < sizes.claims + sizes.claim_batch:
+        raise SystemExit("--ready must hold at least --claims + --claim-batch jobs")
+    if sizes.latency_samples < 2:
+        raise SystemExit("--latency-samples must be at least 2")
+    return sizes
+
+
+def write_json(path: Path, info: dict[str, Any], run: Run, elapsed: float) -> None:
+    document = {
+        "circumstances": info,
+        "sizes": asdict(run.sizes),
+        "figures": [f.as_json() for f in run.report.figures],
+        "checks": [asdict(c) for c in run.report.checks],
+        "details": run.report.details,
+        "elapsed_s": elapsed,
+    }
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+
+
+def main() -> int:
+    began = time.perf_counter()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the workers
+    check_database_name()
+    create_database()
+    call_command("migrate", interactive=False, verbosity=0)
+    cores = os.cpu_count() or 1
+    ours = Ours(OPTIONS.processes or cores, OPTIONS.threads or DEFAULT_THREADS)
+    sizes = resolve_sizes(OPTIONS, ours.threads)
+    run = Run(sizes, ours, Peer(OPTIONS.peer_processes), Path(tempfile.mkdtemp(prefix="jobs-")))
+    info = circumstances(run)
+    selected = set(OPTIONS.phases.split(","))
+    try:
+        for phase in PHASES:
+            if phase in selected:
+                PHASE_RUNNERS[phase](run)
+    except RuntimeError as exc:  # a worker died, a job failed, the queue stalled
+        print(f"FAILED: {exc}\nworker logs kept in {run.log_dir}", file=sys.stderr)
+        return 1
+    except BaseException:
+        print(f"worker logs kept in {run.log_dir}", file=sys.stderr)
+        raise
+    finally:
+        reset_tables()
+    if OPTIONS.keep_logs:
+        progress(f"worker logs in {run.log_dir}")
+    else:
+        shutil.rmtree(run.log_dir, ignore_errors=True)
+    elapsed = time.perf_counter() - began
+    print_header(info, sizes)
+    print_table(run.report)
+    print(f"\nwhole run: {elapsed:.1f} s")
+    if OPTIONS.json:
+        write_json(OPTIONS.json, info, run, elapsed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
