@@ -74,4 +74,6 @@ def jobs_settings(**overrides: Any) -> JobsSettings:
 
 
 def database_alias() -> str:
-    return jobs_settings().database
+    """The jobs' database alone: read on every enqueue, so without building the rest."""
+    raw = getattr(settings, SETTINGS_NAME, None) or {}
+    return raw.get("database") or JobsSettings.database

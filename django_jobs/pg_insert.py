@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from functools import cache
 
 from django.db import connections, models
 
@@ -45,27 +46,24 @@ def insert_ready_jobs(db: str, jobs: Sequence[Job]) -> None:
         insert_chunk(db, jobs[start : start + CHUNK_SIZE])
 
 
-def insert_chunk(db: str, jobs: Sequence[Job]) -> None:
+@cache
+def statement(db: str) -> tuple[str, list[models.Field]]:
+    """The insert's SQL and the fields it takes, in order (built once per database)."""
     connection = connections[db]
     fields = [field for field in Job._meta.concrete_fields if not field.primary_key]
-    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
-    arrays, selected, params = [], [], []
+    quote = connection.ops.quote_name
+    arrays, selected = [], []
     for index, field in enumerate(fields):
-        values = [getattr(job, field.attname) for job in jobs]
         if isinstance(field, models.JSONField):
-            # Sent as text and cast in the statement: no per-value adapter objects.
             arrays.append("%s::text[]")
             selected.append(f"c{index}::jsonb")
-            params.append([None if v is None else json.dumps(v, cls=field.encoder) for v in values])
         else:
-            # The attributes already hold database values (prepare_job built them
-            # from validated input): str, int, float, aware datetimes or None.
             arrays.append(f"%s::{field.db_type(connection)}[]")
             selected.append(f"c{index}")
-            params.append(values)
+    columns = ", ".join(quote(field.column) for field in fields)
     names = ", ".join(f"c{index}" for index in range(len(fields)))
-    job_table = connection.ops.quote_name(Job._meta.db_table)
-    ready_table = connection.ops.quote_name(ReadyExecution._meta.db_table)
+    job_table = quote(Job._meta.db_table)
+    ready_table = quote(ReadyExecution._meta.db_table)
     sql = (
         f"WITH new_jobs AS ("
         f"INSERT INTO {job_table} ({columns}) SELECT {', '.join(selected)} "
@@ -74,6 +72,22 @@ def insert_chunk(db: str, jobs: Sequence[Job]) -> None:
         f"INSERT INTO {ready_table} (job_id, queue_name, priority, concurrency_key, created_at) "
         f"SELECT id, queue_name, priority, NULL, enqueued_at FROM new_jobs RETURNING job_id"
     )
+    return sql, fields
+
+
+def insert_chunk(db: str, jobs: Sequence[Job]) -> None:
+    connection = connections[db]
+    sql, fields = statement(db)
+    params = []
+    for field in fields:
+        values = [getattr(job, field.attname) for job in jobs]
+        if isinstance(field, models.JSONField):
+            # Sent as text and cast in the statement: no per-value adapter objects.
+            params.append([None if v is None else json.dumps(v, cls=field.encoder) for v in values])
+        else:
+            # The attributes already hold database values (prepare_job built them
+            # from validated input): str, int, float, aware datetimes or None.
+            params.append(values)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         ids = sorted(row[0] for row in cursor.fetchall())
