@@ -19,9 +19,12 @@ from django_jobs.claims import (
     claim_jobs,
     fail_job,
     finish_job,
+    finish_jobs,
+    recover_claim,
     recover_process_claims,
     release_job,
     start_job,
+    start_jobs,
 )
 from django_jobs.conf import parse_queue_list
 from django_jobs.models import (
@@ -614,3 +617,49 @@ class TestRelease:
             assert release_job(DB, job.pk, worker.pk)
         assert sorted(ReadyExecution.objects.values_list("job_id", flat=True)) == made
         assert set(Job.objects.values_list("attempts", flat=True)) == {0}
+
+
+# --- batched start and finish (the worker's completer) -------------------------------
+
+
+def test_a_batched_start_counts_only_the_claims_still_held(worker):
+    bulk_enqueue([(tt.noop, (n,), {}) for n in range(2)])
+    kept, lost = claim_jobs(DB, worker.pk, ALL, 2)
+    assert recover_claim(DB, lost.pk, worker.pk, "pruned") == "released"
+    assert start_jobs(DB, [kept, lost], worker.pk, worker.name) == [kept]
+    assert (kept.status, kept.attempts, kept.worker_ids) == (
+        JobStatus.RUNNING,
+        1,
+        [worker.name],
+    )
+    rows = {job.pk: job for job in Job.objects.all()}
+    assert (rows[kept.pk].status, rows[kept.pk].attempts) == (JobStatus.RUNNING, 1)
+    assert (rows[lost.pk].status, rows[lost.pk].attempts) == (JobStatus.READY, 0)
+
+
+def test_a_batched_finish_writes_only_the_claims_still_held(worker):
+    bulk_enqueue([(tt.noop, (n,), {}) for n in range(2)])
+    jobs = claim_jobs(DB, worker.pk, ALL, 2)
+    kept, lost = start_jobs(DB, jobs, worker.pk, worker.name)
+    assert recover_claim(DB, lost.pk, worker.pk, "pruned") == "failed"
+    assert finish_jobs(DB, worker.pk, {kept.pk: "kept", lost.pk: "lost"}) == {kept.pk}
+    rows = {job.pk: job for job in Job.objects.all()}
+    assert (rows[kept.pk].status, rows[kept.pk].return_value) == (JobStatus.SUCCEEDED, "kept")
+    assert (rows[lost.pk].status, rows[lost.pk].return_value) == (JobStatus.FAILED, None)
+    assert FailedExecution.objects.filter(job_id=lost.pk).count() == 1
+    assert not ClaimedExecution.objects.exists()
+
+
+def test_a_batched_finish_frees_each_keys_slot_for_its_next_job(worker):
+    bulk_enqueue([(tt.one_at_a_time, (key, n), {}) for n in range(2) for key in ("b", "a")])
+    holders = claim_jobs(DB, worker.pk, ALL, 10)
+    assert sorted(job.concurrency_key for job in holders) == ["one/a", "one/b"]
+    start_jobs(DB, holders, worker.pk, worker.name)
+    assert finish_jobs(DB, worker.pk, {job.pk: None for job in holders}) == {
+        job.pk for job in holders
+    }
+    assert not BlockedExecution.objects.exists()
+    ready = ReadyExecution.objects.order_by("concurrency_key")
+    assert [row.concurrency_key for row in ready] == ["one/a", "one/b"]
+    assert all(s.value == 0 for s in Semaphore.objects.all())
+    assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 2
