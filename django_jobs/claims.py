@@ -212,70 +212,65 @@ def start_jobs(db: str, jobs: list[Job], process_id: int, worker_id: str) -> lis
     """
     if not jobs:
         return []
-    if connections[db].vendor == "postgresql":
-        now = timezone.now()
-        written = pg_claims.start_held(db, [job.pk for job in jobs], process_id, worker_id, now)
-        started = []
-        for job in jobs:
-            if job.pk in written:
-                job.attempts, job.worker_ids = written[job.pk]
-                job.status = JobStatus.RUNNING
-                job.started_at = job.started_at or now
-                job.last_attempted_at = now
-                started.append(job)
-        return started
+    now = timezone.now()
+    start_held = pg_claims.start_held if connections[db].vendor == "postgresql" else start_locked
+    written = start_held(db, [job.pk for job in jobs], process_id, worker_id, now)
+    started = []
+    for job in jobs:
+        if job.pk in written:
+            job.attempts, job.worker_ids, job.started_at = written[job.pk]
+            job.status = JobStatus.RUNNING
+            job.last_attempted_at = now
+            started.append(job)
+    return started
+
+
+def start_locked(
+    db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
+) -> dict[int, tuple]:
+    """The ORM's :func:`start_jobs`: lock this process's claims, then update their jobs.
+
+    Returns ``{job id: (attempts, worker_ids, started_at)}`` as written.
+    """
     with transaction.atomic(using=db):
         held = list(
             ClaimedExecution.objects.using(db)
             .select_for_update()
-            .filter(job_id__in=[job.pk for job in jobs], process_id=process_id)
+            .filter(job_id__in=job_ids, process_id=process_id)
             .order_by("job_id")
             .values_list("job_id", flat=True)
         )
         if not held:
-            return []
+            return {}
         # Read under the claims' locks, not taken from the callers' copies, which
         # may be older than an earlier attempt.
-        rows = {
-            pk: (attempts, worker_ids or [], started_at, unique_until)
-            for pk, attempts, worker_ids, started_at, unique_until in Job.objects.using(db)
-            .filter(pk__in=held)
-            .values_list("pk", "attempts", "worker_ids", "started_at", "unique_until")
-        }
-        now = timezone.now()
+        rows = Job.objects.using(db).filter(pk__in=held)
+        written = {}
         # Jobs whose new column values coincide share one UPDATE (usually all of them).
         groups: dict[tuple[int, str, bool, bool], list[int]] = defaultdict(list)
-        for pk, (attempts, worker_ids, started_at, unique_until) in rows.items():
+        for pk, attempts, worker_ids, started_at, unique_until in rows.values_list(
+            "pk", "attempts", "worker_ids", "started_at", "unique_until"
+        ):
+            worker_ids = [*(worker_ids or []), worker_id]
+            written[pk] = (attempts + 1, worker_ids, started_at or now)
             shape = (
-                attempts,
-                json.dumps([*worker_ids, worker_id]),
+                attempts + 1,
+                json.dumps(worker_ids),
                 started_at is None,
                 unique_until == UniqueUntil.START,
             )
             groups[shape].append(pk)
         for (attempts, worker_ids, first_start, releases_key), pks in groups.items():
             # A job unique only while waiting lets go of its key as it starts.
-            released = {"unique_lock": None} if releases_key else {}
-            first = {"started_at": now} if first_start else {}
             Job.objects.using(db).filter(pk__in=pks).update(
                 status=JobStatus.RUNNING,
-                attempts=attempts + 1,
+                attempts=attempts,
                 worker_ids=json.loads(worker_ids),
                 last_attempted_at=now,
-                **first,
-                **released,
+                **({"started_at": now} if first_start else {}),
+                **({"unique_lock": None} if releases_key else {}),
             )
-    started = []
-    for job in jobs:
-        if job.pk in rows:
-            attempts, worker_ids, started_at, _ = rows[job.pk]
-            job.status = JobStatus.RUNNING
-            job.attempts = attempts + 1
-            job.worker_ids = [*worker_ids, worker_id]
-            job.started_at = started_at or now
-            job.last_attempted_at = now
-            started.append(job)
-    return started
+    return written
 
 
 def finish_job(db: str, job_id: int, process_id: int, return_value: object) -> bool:

@@ -66,7 +66,7 @@ def start_held(
 ) -> dict[int, tuple]:
     """Count an attempt for each job whose claim this process holds (locked first).
 
-    Returns ``{job id: (attempts, worker_ids)}`` as written. A claim gone
+    Returns ``{job id: (attempts, worker_ids, started_at)}`` as written. A claim gone
     (recovered, pruned) leaves its job out: the locking subquery skips a row
     deleted while it waited.
     """
@@ -80,7 +80,7 @@ def start_held(
         f"unique_lock = CASE WHEN unique_until = %s THEN NULL ELSE unique_lock END "
         f"WHERE id IN (SELECT job_id FROM {claimed} WHERE process_id = %s "
         f"AND job_id = ANY(%s) ORDER BY job_id FOR UPDATE) "
-        f"RETURNING id, attempts, worker_ids"
+        f"RETURNING id, attempts, worker_ids, started_at"
     )
     params = [
         JobStatus.RUNNING,
@@ -95,6 +95,10 @@ def start_held(
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     return {
-        pk: (attempts, json.loads(worker_ids) if isinstance(worker_ids, str) else worker_ids)
-        for pk, attempts, worker_ids in rows
+        pk: (
+            attempts,
+            json.loads(worker_ids) if isinstance(worker_ids, str) else worker_ids,
+            started_at,
+        )
+        for pk, attempts, worker_ids, started_at in rows
     }
