@@ -89,38 +89,46 @@ class Completer:
             close_old_connections()
 
     def write(self, batch: list[Success]) -> None:
-        from .executor import persist
+        try:
+            write_successes(self.ctx, batch)
+        finally:
+            with self.changed:
+                self.pending.difference_update(success.job.pk for success in batch)
+            self.on_written()
 
-        values = {success.job.pk: success.value for success in batch}
-        done = persist(
-            self.ctx,
-            f"finishing job{'s' if len(values) > 1 else ''} {', '.join(map(str, values))}",
-            lambda: finish_jobs(self.ctx.db, self.ctx.process_id, values),
+
+def write_successes(ctx, batch: list[Success]) -> None:
+    """Finalise ``batch`` in one transaction (riding out outages), then log and signal
+    each success recorded. Also the whole finish of a worker without a completer."""
+    from .executor import persist
+
+    values = {success.job.pk: success.value for success in batch}
+    done = persist(
+        ctx,
+        f"finishing job{'s' if len(values) > 1 else ''} {', '.join(map(str, values))}",
+        lambda: finish_jobs(ctx.db, ctx.process_id, values),
+    )
+    if done is None:
+        logger.error(
+            "stopping now: the success of job(s) %s was not recorded; recovery will "
+            "count each as a failed attempt",
+            ", ".join(str(pk) for pk in values),
         )
-        with self.changed:
-            self.pending.difference_update(values)
-        self.on_written()
-        if done is None:
-            logger.error(
-                "stopping now: the success of job(s) %s was not recorded; recovery will "
-                "count each as a failed attempt",
-                ", ".join(str(pk) for pk in values),
+        return
+    for success in batch:
+        if success.job.pk not in done:
+            logger.warning(
+                "job %s finished but its claim was already settled elsewhere", success.job.pk
             )
-            return
-        for success in batch:
-            if success.job.pk not in done:
-                logger.warning(
-                    "job %s finished but its claim was already settled elsewhere",
-                    success.job.pk,
-                )
-                continue
-            self.announce(success)
+            continue
+        announce(success)
 
-    def announce(self, success: Success) -> None:
-        from .executor import describe
 
-        job, result = success.job, success.result
-        logger.info("job finished %s duration=%.3fs", describe(job), success.duration)
-        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-        object.__setattr__(result, "_return_value", success.value)
-        task_finished.send(type(success.task.get_backend()), task_result=result)
+def announce(success: Success) -> None:
+    from .executor import describe
+
+    job, result = success.job, success.result
+    logger.info("job finished %s duration=%.3fs", describe(job), success.duration)
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "_return_value", success.value)
+    task_finished.send(type(success.task.get_backend()), task_result=result)

@@ -13,13 +13,13 @@ from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 
 from ..batches import current_job_id
-from ..claims import ErrorInfo, fail_job, finish_job, release_job, start_jobs
+from ..claims import ErrorInfo, fail_job, release_job, start_jobs
 from ..exceptions import TaskNotFound
 from ..loading import load_task
 from ..models import Job, JobStatus
 from ..results import build_result
 from ..serialization import json_return_value
-from .completer import Completer, Success
+from .completer import Completer, Success, write_successes
 from .db_retry import retry_until_done
 from .lifecycle import Lifecycle
 
@@ -197,17 +197,8 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
         task_finished.send(type(task.get_backend()), task_result=result)
         return
 
-    duration = time.monotonic() - began
+    success = Success(job, task, result, value, time.monotonic() - began)
     if ctx.completer is not None:
-        ctx.completer.submit(Success(job, task, result, value, duration))
-        return
-    finished = persist(
-        ctx, f"finishing job {job.pk}", lambda: finish_job(ctx.db, job.pk, ctx.process_id, value)
-    )
-    if not finished:
-        logger.warning("job %s finished but its claim was already settled elsewhere", job.pk)
-        return
-    logger.info("job finished %s duration=%.3fs", describe(job), duration)
-    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-    object.__setattr__(result, "_return_value", value)
-    task_finished.send(type(task.get_backend()), task_result=result)
+        ctx.completer.submit(success)
+    else:
+        write_successes(ctx, [success])

@@ -162,8 +162,9 @@ class Worker:
                 self.running[job.pk] = job
         startable = [] if self.lifecycle.stopping.is_set() else [j for j in jobs if importable(j)]
         started = {job.pk for job in start_claimed(startable, self.ctx)}
+        lost = {job.pk for job in startable} - started
         for job in jobs:
-            if job in startable and job.pk not in started:
+            if job.pk in lost:
                 logger.warning(
                     "job %s: claim lost before start (process pruned?); not running it", job.pk
                 )
