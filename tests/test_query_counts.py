@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from django_jobs import bulk_enqueue
 from django_jobs.claims import ErrorInfo, claim_jobs, fail_job, finish_jobs, start_jobs
@@ -120,8 +121,6 @@ def test_failing_a_job_costs_a_fixed_number_of_queries(worker):
 
 
 def test_promoting_due_jobs_does_not_grow_with_the_jobs():
-    from django.utils import timezone
-
     def schedule(n: int) -> None:
         now = timezone.now()
         jobs = Job.objects.bulk_create(
