@@ -18,10 +18,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from django.db import connections
-from django.db.models import Count, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import Count, F, Window
+from django.db.models.functions import Collate, RowNumber
 from django.utils import timezone
 
+from .deletion import delete_executions
 from .models import BlockedExecution, ClaimedExecution, Job, JobStatus, ReadyExecution, Semaphore
 
 
@@ -163,7 +164,54 @@ def release_slot(db: str, key: str) -> int:
     one holder (Solid Queue PR #689 item 4, #761), and a holder whose lease
     expired is not given back twice. Returns the number promoted.
     """
-    return reconcile_key(db, key)
+    return release_slots(db, [key])
+
+
+def release_slots(db: str, keys: Iterable[str]) -> int:
+    """:func:`release_slot` for many keys at once: a finish batch's.
+
+    Every semaphore is locked before any row of any key is touched. Doing the
+    keys one after another (lock A, promote A's next job, lock B, ...) is what
+    deadlocked on MariaDB: a transaction holding A's semaphore and A's new rows
+    waited for B's semaphore while the holder of B waited for one of those rows
+    (see ``finish_jobs``). With all semaphores first, a transaction that waits
+    for a row holds every semaphore it will ever take, so nobody holding one of
+    them can be waiting for it. The holders are then recounted in one statement,
+    the next blocked jobs of every key picked in one windowed query, and the
+    writes done in bulk.
+    """
+    semaphores = lock_semaphores(db, keys)
+    if not semaphores:
+        return 0
+    holders = count_holders_by_key(db, [semaphore.key for semaphore in semaphores])
+    for semaphore in semaphores:
+        semaphore.value = semaphore.limit - holders.get(semaphore.key, 0)
+    return promote_blocked_by_key(db, semaphores)
+
+
+def lock_semaphores(db: str, keys: Iterable[str]) -> list[Semaphore]:
+    """Lock the existing semaphores of ``keys`` in ascending key order (Python's, by code point).
+
+    Every path that holds several semaphores takes them in this order, so no
+    two can deadlock on them. PostgreSQL locks the rows of ``ORDER BY ... FOR
+    UPDATE`` in the sorted order, so one statement does it, sorted by code point
+    (collation "C") as Python sorts. InnoDB locks rows in the order it reads
+    them, which is the index's collation order (case-insensitive by default),
+    not Python's: there each key is locked by a statement of its own, in order.
+    SQLite has no row locks (the transaction holds the database).
+    """
+    keys = sorted(set(keys))
+    if not keys:
+        return []
+    rows = Semaphore.objects.using(db).select_for_update()
+    vendor = connections[db].vendor
+    if vendor == "mysql" and len(keys) > 1:
+        return [semaphore for key in keys if (semaphore := rows.filter(key=key).first())]
+    if vendor == "postgresql":
+        rows = rows.order_by(Collate("key", "C"))
+    else:
+        rows = rows.order_by("key")
+    return list(rows.filter(key__in=keys))
 
 
 def reconcile_key(db: str, key: str) -> int:
@@ -176,66 +224,92 @@ def reconcile_key(db: str, key: str) -> int:
 
 
 def count_holders(db: str, key: str) -> int:
-    """Ready and claimed jobs of ``key``; a claim whose lease ran out no longer counts.
+    """Ready and claimed jobs of ``key``; a claim whose lease ran out no longer counts."""
+    return count_holders_by_key(db, [key]).get(key, 0)
 
-    One statement, run after the semaphore's lock is granted: a statement of its
-    own takes a fresh snapshot (READ COMMITTED), so it sees every holder committed
-    before the lock. Counting inside the locking SELECT would not: its subqueries
-    read the snapshot taken before it waited for the lock.
+
+def count_holders_by_key(db: str, keys: list[str]) -> dict[str, int]:
+    """Ready and claimed jobs of each of ``keys``, in one statement.
+
+    Run after the semaphores' locks are granted: a statement of its own takes a
+    fresh snapshot (READ COMMITTED), so it sees every holder committed before the
+    lock. Counting inside the locking SELECT would not: its subqueries read the
+    snapshot taken before it waited for the lock.
     """
     ready = (
         ReadyExecution.objects.using(db)
-        .filter(concurrency_key=key)
-        .order_by()
-        .values("concurrency_key")
+        .filter(concurrency_key__in=keys)
+        .values_list("concurrency_key")
         .annotate(n=Count("pk"))
-        .values("n")
+        .order_by()
     )
     claimed = (
         ClaimedExecution.objects.using(db)
-        .filter(concurrency_key=key)
+        .filter(concurrency_key__in=keys)
         .exclude(lease_expires_at__lt=timezone.now())
-        .order_by()
-        .values("concurrency_key")
+        .values_list("concurrency_key")
         .annotate(n=Count("pk"))
-        .values("n")
+        .order_by()
     )
-    return (
-        Semaphore.objects.using(db)
-        .filter(key=key)
-        .annotate(holders=Coalesce(Subquery(ready), 0) + Coalesce(Subquery(claimed), 0))
-        .values_list("holders", flat=True)
-        .get()
-    )
+    counts: dict[str, int] = defaultdict(int)
+    for key, n in ready.union(claimed, all=True):
+        counts[key] += n
+    return counts
 
 
 def promote_blocked(db: str, semaphore: Semaphore) -> int:
+    return promote_blocked_by_key(db, [semaphore])
+
+
+def promote_blocked_by_key(db: str, semaphores: list[Semaphore]) -> int:
+    """Fill each locked semaphore's free slots with its key's next blocked jobs.
+
+    One windowed query picks, per key, the blocked jobs in priority order; what
+    make_ready needs is on the blocked rows, so the jobs are not read. Writes
+    the semaphores' recounted values (one UPDATE per distinct value).
+    """
+    free = {semaphore.key: semaphore.value for semaphore in semaphores if semaphore.value > 0}
     promoted: list[Job] = []
-    if semaphore.value > 0:
-        # What make_ready needs is on the blocked rows: no read of the jobs.
+    if free:
+        rank = Window(
+            RowNumber(),
+            partition_by=F("concurrency_key"),
+            order_by=[F("priority").desc(), F("job_id").asc()],
+        )
+        rows = (
+            BlockedExecution.objects.using(db)
+            .filter(concurrency_key__in=list(free))
+            .annotate(rank=rank)
+            .filter(rank__lte=max(free.values()))
+            .values_list("job_id", "queue_name", "priority", "concurrency_key", "rank")
+        )
         promoted = [
             Job(
                 pk=job_id,
                 queue_name=queue_name,
                 priority=priority,
-                concurrency_key=semaphore.key,
+                concurrency_key=key,
                 status=JobStatus.BLOCKED,
             )
-            for job_id, queue_name, priority in BlockedExecution.objects.using(db)
-            .filter(concurrency_key=semaphore.key)
-            .order_by("-priority", "job_id")
-            .values_list("job_id", "queue_name", "priority")[: semaphore.value]
+            for job_id, queue_name, priority, key, position in rows
+            if position <= free[key]
         ]
         if promoted:
-            BlockedExecution.objects.using(db).filter(
-                job_id__in=[job.pk for job in promoted]
-            ).delete()
+            promoted.sort(key=lambda job: job.pk)
+            delete_executions(db, BlockedExecution, [job.pk for job in promoted])
             make_ready(db, promoted)
-            semaphore.value -= len(promoted)
-    semaphore.updated_at = timezone.now()
-    Semaphore.objects.using(db).filter(pk=semaphore.pk).update(
-        value=semaphore.value, updated_at=semaphore.updated_at
-    )
+            per_key: dict[str, int] = defaultdict(int)
+            for job in promoted:
+                per_key[job.concurrency_key] += 1
+            for semaphore in semaphores:
+                semaphore.value -= per_key.get(semaphore.key, 0)
+    now = timezone.now()
+    by_value: dict[int, list[int]] = defaultdict(list)
+    for semaphore in semaphores:
+        semaphore.updated_at = now
+        by_value[semaphore.value].append(semaphore.pk)
+    for value, pks in by_value.items():
+        Semaphore.objects.using(db).filter(pk__in=pks).update(value=value, updated_at=now)
     return len(promoted)
 
 

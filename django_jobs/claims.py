@@ -21,9 +21,10 @@ from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from . import pg_claims
-from .admission import admit_jobs, hand_back_to_key, make_ready, release_slot
+from .admission import admit_jobs, hand_back_to_key, make_ready, release_slot, release_slots
 from .backoff import retry_delay
 from .batches import count_outcome, count_outcomes
+from .deletion import delete_executions
 from .models import (
     ClaimedExecution,
     FailedExecution,
@@ -123,7 +124,7 @@ def claim_jobs(
                 for job_id, queue in picked
             ]
         )
-        ReadyExecution.objects.using(db).filter(job_id__in=ids).delete()
+        delete_executions(db, ReadyExecution, ids)
         Job.objects.using(db).filter(pk__in=ids).update(status=JobStatus.CLAIMED)
     for job in jobs.values():
         job.status = JobStatus.CLAIMED
@@ -283,7 +284,8 @@ def finish_jobs(db: str, process_id: int, return_values: dict[int, object]) -> s
 
     Only jobs whose claim this process still holds are finalised (under the
     claims' locks), so each is finalised exactly once however many paths race
-    for it. The keys' slots are freed in ascending key order and the batches
+    for it. Every key's semaphore is locked before any key's blocked jobs are
+    promoted (:func:`~django_jobs.admission.release_slots`), and the batches are
     counted after every key (DESIGN.md section 4's lock order).
     """
     if not return_values:
@@ -298,7 +300,7 @@ def finish_jobs(db: str, process_id: int, return_values: dict[int, object]) -> s
         if not claims:
             return set()
         done = [claim.job_id for claim in claims]
-        ClaimedExecution.objects.using(db).filter(job_id__in=done).delete()
+        delete_executions(db, ClaimedExecution, done)
         Job.objects.using(db).filter(pk__in=done).update(
             status=JobStatus.SUCCEEDED, finished_at=timezone.now(), unique_lock=None
         )
@@ -309,8 +311,7 @@ def finish_jobs(db: str, process_id: int, return_values: dict[int, object]) -> s
         ]
         if with_values:
             Job.objects.using(db).bulk_update(with_values, ["return_value"])
-        for key in sorted({claim.concurrency_key for claim in claims if claim.concurrency_key}):
-            release_slot(db, key)
+        release_slots(db, {claim.concurrency_key for claim in claims if claim.concurrency_key})
         per_batch: dict[int, int] = defaultdict(int)
         for claim in claims:
             if claim.batch_id is not None:

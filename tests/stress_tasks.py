@@ -27,3 +27,19 @@ def audited(context, key: str, limit: int, duration: float, fail_attempts: int) 
         return attempt
     finally:
         AuditEvent.objects.filter(pk=event.pk).update(ended=time.time())
+
+
+@task(takes_context=True, concurrency_key="window:{key}", max_attempts=1)
+def audited_once(context, key: str, duration: float) -> str:
+    """One attempt only: a body that completed and then failed is visible in the audit."""
+    event = AuditEvent.objects.create(
+        job_id=int(context.task_result.id),
+        key=key,
+        limit=1,
+        attempt=1,
+        pid=os.getpid(),
+        started=time.time(),
+    )
+    time.sleep(duration)
+    AuditEvent.objects.filter(pk=event.pk).update(ended=time.time())
+    return key

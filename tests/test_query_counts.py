@@ -141,8 +141,10 @@ def test_promoting_due_jobs_does_not_grow_with_the_jobs():
     assert Job.objects.filter(status=JobStatus.READY).count() == FEW + MANY
 
 
-def test_batched_finish_of_keyed_jobs_costs_per_key_not_per_job(worker):
-    """Each key: lock, recount, promote what its freed slots admit, save the semaphore."""
+def test_batched_finish_of_keyed_jobs_costs_the_same_for_one_key_or_many(worker):
+    """All keys at once: their semaphores locked, holders recounted, next blocked jobs
+    picked and written in bulk. MariaDB locks each semaphore by a statement of its own
+    (see admission.lock_semaphores): there, each more key costs one statement."""
 
     def running_with_followers(keys: list[str]) -> dict[int, None]:
         # Two running (the limit) and two blocked behind them, per key.
@@ -156,7 +158,7 @@ def test_batched_finish_of_keyed_jobs_costs_per_key_not_per_job(worker):
     claim_jobs(DB, worker.pk, ALL, 100)  # the promoted ones, out of the way
     second = running_with_followers(["b", "c"])
     two_keys = count(lambda: finish_jobs(DB, worker.pk, second))
-    per_key = two_keys - one_key
-    assert 0 < per_key <= 7
-    assert one_key <= 5 + 7  # the finish itself, then one key
+    # Per key on MariaDB: the lock of its semaphore.
+    assert two_keys - one_key == (1 if connection.vendor == "mysql" else 0)
+    assert one_key <= 12
     assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 6

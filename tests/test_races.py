@@ -330,7 +330,7 @@ def test_e_death_inside_finish_rolls_back_and_recovery_frees_one_slot(monkeypatc
     """Solid Queue PR #689 item 5: finish and unblock are one transaction."""
     holder = started_job(one_at_a_time, 1, worker)
     blocked = [int(one_at_a_time.enqueue(1).id) for _ in range(2)]
-    paused = Paused(monkeypatch, claims, "release_slot", before=True)
+    paused = Paused(monkeypatch, claims, "release_slots", before=True)
     victim_connection: dict[str, int] = {}
 
     def finish():

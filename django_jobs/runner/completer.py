@@ -7,6 +7,11 @@ commits. Here the threads hand their successes to one completer thread and go
 back to work; it writes whatever has piled up while its previous transaction
 ran, so batches grow with the load and an idle worker adds no delay.
 
+The worker counts a success as taking its thread until it is written (see
+``Worker.idle_threads``), so the completer never holds more than one batch of
+at most ``threads`` successes: that is the most a SIGKILL can turn from done
+into a failed attempt (DESIGN.md invariant 8, docs/running.md).
+
 Exactly-once holds because :func:`~django_jobs.claims.finish_jobs` finalises
 only the claims this process still holds, under their locks. A crash before
 the batch commits leaves those jobs running under a dead process's claims:
@@ -90,16 +95,7 @@ class Completer:
 
     def write(self, batch: list[Success]) -> None:
         try:
-            # Only jobs without a concurrency key share a transaction. A keyed finish
-            # frees its key's slot under the semaphore's lock; several keys in one
-            # transaction deadlocked on MariaDB under the stress test (2 in one run),
-            # so each keyed success keeps a transaction of its own, as before batching.
-            keyless = [success for success in batch if not success.job.concurrency_key]
-            if keyless:
-                write_successes(self.ctx, keyless)
-            for success in batch:
-                if success.job.concurrency_key:
-                    write_successes(self.ctx, [success])
+            write_successes(self.ctx, batch)
         finally:
             with self.changed:
                 self.pending.difference_update(success.job.pk for success in batch)
