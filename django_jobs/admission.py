@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from .deletion import delete_executions
 from .models import BlockedExecution, ClaimedExecution, Job, JobStatus, ReadyExecution, Semaphore
+from .notify import jobs_ready
 
 
 def admit_jobs(db: str, jobs: Iterable[Job]) -> None:
@@ -63,6 +64,7 @@ def make_ready(db: str, jobs: list[Job]) -> None:
         ]
     )
     set_status(db, jobs, JobStatus.READY)
+    jobs_ready(db, (job.queue_name for job in jobs))
 
 
 def set_status(db: str, jobs: list[Job], status: JobStatus) -> None:

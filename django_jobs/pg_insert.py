@@ -20,6 +20,7 @@ from functools import cache
 from django.db import connections, models
 
 from .models import Job, JobStatus, ReadyExecution
+from .notify import jobs_ready
 
 # Rows per statement: large enough to amortise the round trip, small enough that
 # one statement's arrays stay a few megabytes.
@@ -40,10 +41,13 @@ def insert_ready_jobs(db: str, jobs: Sequence[Job]) -> None:
     """Insert ``jobs`` and their ready rows; sets ``pk`` on each.
 
     Atomic per chunk of :data:`CHUNK_SIZE`; a caller inserting more than one
-    chunk wraps the call in a transaction.
+    chunk wraps the call in a transaction. Idle workers of the jobs' queues are
+    notified once it commits (``django_jobs.notify``).
     """
     for start in range(0, len(jobs), CHUNK_SIZE):
         insert_chunk(db, jobs[start : start + CHUNK_SIZE])
+    if jobs:
+        jobs_ready(db, (job.queue_name for job in jobs))
 
 
 @cache

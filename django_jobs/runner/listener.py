@@ -1,9 +1,9 @@
 """LISTEN for ready jobs on PostgreSQL, so an idle worker wakes at once instead of at its next poll.
 
-Migration 0004 adds a statement-level trigger that NOTIFYs :data:`CHANNEL` on
-every insert into the ready table, whatever made the job ready; PostgreSQL
-delivers it when (and only if) that transaction commits. The payload is the
-JSON list of the queues the statement made ready (``[]``: any queue).
+Whatever makes a job ready (enqueue, promotion, retry, hand-back) has
+``django_jobs.notify`` NOTIFY :data:`CHANNEL` once its transaction has
+committed, and never if it rolled back. The payload is the JSON list of the
+queues made ready (``[]``: any queue).
 
 One daemon thread per worker process holds its own connection (never one of
 Django's: LISTEN needs a session of its own, idle between notifications) and
@@ -24,13 +24,13 @@ from typing import Any
 from django.db import connections
 
 from ..conf import JobsSettings
+from ..notify import CHANNEL
 from ..queues import QueueSelector
 from .db_retry import Backoff
 from .lifecycle import Lifecycle
 
 logger = logging.getLogger("django_jobs.listener")
 
-CHANNEL = "django_jobs_ready"  # the channel of migration 0004's trigger
 APPLICATION_NAME = "django-jobs listener"
 # How often the thread looks up from the socket to see whether it should stop.
 STOP_CHECK_INTERVAL = 0.5

@@ -1,0 +1,333 @@
+"""NOTIFY idle workers that jobs became ready, from outside the transaction that made them so.
+
+PostgreSQL serialises the commits of every transaction that sent a
+notification: ``PreCommit_Notify`` takes one lock for the whole server and
+holds it until the commit's WAL flush is over. A NOTIFY inside the enqueuing
+transaction (migration 0004's trigger did that) therefore made concurrent
+enqueues commit one after another. Here the enqueuing transaction notifies
+nobody; each process has one notifier per database alias instead:
+
+- Code that makes jobs ready (``admission.make_ready``, ``pg_insert``'s
+  one-statement enqueue) calls :func:`jobs_ready`, which registers
+  ``on_commit``: the queue names reach the notifier only once the transaction
+  has committed, and never if it rolls back. In autocommit that is at once.
+- A daemon thread (started by the first such commit of the process, so never
+  at import and never before a web server forks) holds a psycopg connection of
+  its own, never one of Django's, and sends one ``pg_notify`` per round for
+  everything handed over while it was busy with the previous round: under load,
+  many enqueues share one notification.
+- That statement is its own transaction and sets ``synchronous_commit = off``
+  for itself alone (``set_config(..., true)``: safe behind PgBouncer in
+  transaction pooling, where a session setting would leak to other clients). A
+  notification is not data: its commit need not wait for the disk, so the
+  server-wide notify lock is held for microseconds, not for a WAL flush.
+
+Sending never blocks an enqueue and never fails one: the enqueuer only adds
+queue names to a set under a lock. A lost connection is logged once and retried
+with a growing delay; queues not yet notified are kept and sent once it is back
+(workers poll meanwhile). The connection is closed after :data:`IDLE_CLOSE`
+seconds with nothing to send, so a process that enqueues now and then holds no
+connection in between. At interpreter exit the notifier gets up to
+:data:`FLUSH_AT_EXIT` seconds to send what it holds; a process that dies
+without running ``atexit`` handlers (``os._exit``, SIGKILL) can lose the last
+notification, which delays a worker until its next poll, nothing more.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+from functools import cache, partial
+from typing import Any
+
+from django.conf import settings
+from django.db import connections
+from django.db.transaction import TransactionManagementError
+
+logger = logging.getLogger("django_jobs.notify")
+
+CHANNEL = "django_jobs_ready"  # what workers LISTEN on (runner.listener)
+APPLICATION_NAME = "django-jobs notifier"
+# pg_notify refuses payloads of 8000 bytes or more; a list too long to send is sent
+# as "[]", which every worker takes as "any queue".
+MAX_PAYLOAD = 7900
+# One statement, one transaction: the commit does not wait for the WAL flush.
+NOTIFY_SQL = "SELECT set_config('synchronous_commit', 'off', true), pg_notify(%s, %s)"
+# Seconds without anything to send after which the connection is closed.
+IDLE_CLOSE = 2.0
+# Seconds the interpreter's exit waits for pending notifications (none in an outage).
+FLUSH_AT_EXIT = 1.0
+
+
+def jobs_ready(db: str, queue_names: Iterable[str]) -> None:
+    """Notify workers of ``queue_names`` once the current transaction on ``db`` commits.
+
+    Read on every enqueue, so cheap: nothing happens off PostgreSQL or when
+    ``DJANGO_JOBS["listen_notify"]`` is False. Under manual transaction
+    management (autocommit off outside ``atomic()``) the commit cannot be
+    awaited, so nothing is notified and workers find the jobs by polling.
+    """
+    if not enabled(db):
+        return
+    queues = frozenset(queue_names)
+    if not queues:
+        return
+    try:
+        connections[db].on_commit(partial(send, db, queues), robust=True)
+    except TransactionManagementError:
+        pass
+
+
+def enabled(db: str) -> bool:
+    raw = getattr(settings, "DJANGO_JOBS", None) or {}
+    return raw.get("listen_notify", True) is not False and supported(db)
+
+
+@cache
+def supported(db: str) -> bool:
+    """PostgreSQL through psycopg 3 (what the listener needs too)."""
+    if connections[db].vendor != "postgresql":
+        return False
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
+
+
+def payload(queues: Iterable[str]) -> str:
+    """The JSON list of queue names, or ``[]`` (any queue) when it would be too long."""
+    text = json.dumps(sorted(queues), separators=(",", ":"))
+    return "[]" if len(text.encode()) > MAX_PAYLOAD else text
+
+
+# --- one notifier per database alias and process -----------------------------------------
+
+_registry_lock = threading.Lock()
+_notifiers: dict[str, Notifier] = {}
+_atexit_registered = False
+
+
+def send(db: str, queues: Iterable[str]) -> None:
+    """Hand ``queues`` (committed) to this process's notifier for ``db``; never blocks."""
+    try:
+        notifier_for(db).send(queues)
+    except Exception:  # never fail the enqueue whose commit called us
+        logger.exception("could not hand ready queues to the notifier")
+
+
+def notifier_for(db: str) -> Notifier:
+    notifier = _notifiers.get(db)
+    if notifier is None:
+        with _registry_lock:
+            notifier = _notifiers.get(db)
+            if notifier is None:
+                notifier = _notifiers[db] = Notifier(partial(connection_params, db))
+    return notifier
+
+
+def install(db: str, notifier: Notifier) -> Notifier | None:
+    """Use ``notifier`` for ``db`` from now on (tests); returns the one it replaces."""
+    with _registry_lock:
+        previous = _notifiers.get(db)
+        _notifiers[db] = notifier
+    return previous
+
+
+def stop_all(timeout: float = 5.0) -> None:
+    """Stop every notifier of this process and close their connections (tests)."""
+    with _registry_lock:
+        notifiers = list(_notifiers.values())
+        _notifiers.clear()
+    for notifier in notifiers:
+        notifier.stop(timeout)
+
+
+def _forget_after_fork() -> None:
+    """A forked child has none of its parent's threads, and maybe a copy of a held lock:
+    it starts from nothing, and its first commit starts a notifier of its own."""
+    global _registry_lock, _notifiers
+    _registry_lock = threading.Lock()
+    _notifiers = {}
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _flush_at_exit() -> None:
+    deadline = time.monotonic() + FLUSH_AT_EXIT
+    for notifier in list(_notifiers.values()):
+        notifier.flush(max(0.0, deadline - time.monotonic()))
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(_flush_at_exit)
+
+
+def connection_params(db: str) -> dict[str, Any]:
+    """psycopg arguments for our own connection to ``db``: Django's settings, autocommit,
+    the listener's keepalives and connect timeout, and a name of our own."""
+    from .runner.listener import connection_params as listener_params
+
+    params = listener_params(db)
+    params["application_name"] = f"{APPLICATION_NAME} pid={os.getpid()}"
+    return params
+
+
+class Notifier:
+    """A thread that sends the queues handed to it, coalesced, one NOTIFY per round."""
+
+    def __init__(self, params: Any, *, max_delay: float | None = None) -> None:
+        self.params = params  # a callable returning psycopg.connect's keyword arguments
+        self.max_delay = max_delay
+        self.lock = threading.Lock()
+        self.wanted = threading.Condition(self.lock)  # something to send, or stop
+        self.settled = threading.Condition(self.lock)  # a round is over
+        self.pending: set[str] = set()
+        self.busy = False
+        self.in_outage = False
+        self.halted = False
+        self.halt = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.sent = 0  # notifications sent (tests and the bench read it)
+
+    # -- called by enqueuers (any thread) --
+
+    def send(self, queues: Iterable[str]) -> None:
+        with self.lock:
+            self.pending.update(queues)
+            if (self.thread is None or not self.thread.is_alive()) and not self.halted:
+                self.start_thread()
+            self.wanted.notify()
+
+    def start_thread(self) -> None:
+        thread = threading.Thread(target=self.run, name="django-jobs-notifier", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as exc:  # interpreter shutting down, or out of threads
+            logger.debug("notifier thread not started: %s", exc)
+            return
+        self.thread = thread
+        _register_atexit()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until what was handed over is sent.
+
+        Returns at once (False) during an outage, or if there is no thread.
+        """
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while self.pending or self.busy:
+                remaining = deadline - time.monotonic()
+                if self.in_outage or self.thread is None or remaining <= 0:
+                    return False
+                self.settled.wait(remaining)
+        return True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self.lock:
+            self.halted = True
+            self.halt.set()
+            self.wanted.notify_all()
+            thread = self.thread
+        if thread is not None:
+            thread.join(timeout)
+
+    # -- the thread --
+
+    def take(self, idle: float | None) -> set[str] | None:
+        """The queues to send next, or None when stopped or idle for ``idle`` seconds."""
+        deadline = None if idle is None else time.monotonic() + idle
+        with self.lock:
+            while not self.pending and not self.halted:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self.wanted.wait(remaining)
+            if self.halted:
+                return None
+            queues, self.pending = self.pending, set()
+            self.busy = True
+            return queues
+
+    def settle(self, unsent: set[str] | None = None, *, outage: bool) -> None:
+        with self.lock:
+            if unsent:
+                self.pending |= unsent
+            self.busy = False
+            self.in_outage = outage
+            self.settled.notify_all()
+
+    def run(self) -> None:
+        from .runner.db_retry import Backoff
+        from .runner.listener import first_line
+
+        max_delay = self.max_delay
+        if max_delay is None:
+            from .conf import JobsSettings
+
+            max_delay = JobsSettings.load().db_retry_max_delay
+        backoff = Backoff(max_delay)
+        connection: Any = None
+        outage_since: float | None = None
+        while True:
+            queues = self.take(IDLE_CLOSE if connection is not None else None)
+            if queues is None:
+                connection = close(connection)
+                if self.halted:
+                    return
+                continue
+            worked = connection is not None
+            try:
+                if connection is None:
+                    connection = self.connect()
+                connection.execute(NOTIFY_SQL, [CHANNEL, payload(queues)])
+            except Exception as exc:  # psycopg.Error, or anything: never die silently
+                connection = close(connection)
+                self.settle(queues, outage=True)
+                if self.halted:
+                    return
+                if outage_since is None:
+                    outage_since = time.monotonic()
+                    logger.warning(
+                        "not notifying workers of ready jobs (%s: %s); they find them by "
+                        "polling meanwhile; reconnecting",
+                        type(exc).__name__,
+                        first_line(exc),
+                    )
+                    if worked:
+                        continue  # a connection that worked went away: a new one at once
+                else:
+                    logger.debug("still not notifying workers of ready jobs: %s", first_line(exc))
+                self.halt.wait(backoff.next())
+                continue
+            self.sent += 1
+            backoff.reset()
+            if outage_since is not None:
+                logger.info(
+                    "notifying workers of ready jobs again, after %.1fs",
+                    time.monotonic() - outage_since,
+                )
+                outage_since = None
+            self.settle(outage=False)
+
+    def connect(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(**self.params())
+
+
+def close(connection: Any) -> None:
+    """Close ``connection`` if there is one; returns None, the connection's new value."""
+    if connection is not None:
+        try:
+            connection.close()
+        except Exception:
+            pass
+    return None
