@@ -24,7 +24,9 @@ def bulk_enqueue(calls: Any, *, backend: str | None = None) -> list[TaskResult]:
     """
     from django.tasks import task_backends
 
-    calls = list(calls)
+    from .job_task import checked_calls
+
+    calls = checked_calls(calls, "bulk_enqueue()")
     if not calls:
         return []
     alias = backend or calls[0][0].backend

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import OperationalError, connections, transaction
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -15,14 +15,12 @@ from django.utils import timezone
 from .admission import admit_jobs
 from .backoff import backoff_to_json
 from .conf import database_alias
-from .job_task import JobTask, job_options
+from .job_task import Call, JobTask, bound_arguments, checked_calls, job_options
 from .models import Batch, FailedExecution, Job, JobStatus, ScheduledExecution
 from .pg_insert import CHUNK_SIZE, can_insert_in_one_statement, insert_ready_jobs
 from .results import build_result
 from .serialization import json_arguments
-from .uniqueness import insert_unique
-
-Call = tuple[Task, Sequence[Any], Mapping[str, Any]]
+from .uniqueness import insert_unique, retry_after, unique_in_key_order
 
 BULK_BATCH_SIZE = 1000
 
@@ -51,7 +49,29 @@ class JobsBackend(BaseTaskBackend):
         call of a unique task whose key is held gives the holder's result
         instead of a new job (see ``django_jobs.uniqueness``). ``batch``: the
         (saved) batch the jobs are items of; ``django_jobs.batches`` passes it.
+
+        A deadlock the database breaks by rolling this enqueue back is retried
+        when the transaction was this call's own: nothing else was in it, so
+        running it again is safe. Inside the caller's ``atomic()`` the whole
+        transaction is already gone, and only the caller can run it again: the
+        error is raised with a note saying so (docs/unique.md).
         """
+        calls = checked_calls(calls, "bulk_enqueue()")
+        if not calls:
+            return []
+        connection = connections[self.database]
+        own_transaction = connection.get_autocommit() and not connection.in_atomic_block
+        attempt = 1
+        while True:
+            try:
+                return self.write_calls(calls, batch)
+            except OperationalError as exc:
+                if not retry_after(exc, attempt, own_transaction=own_transaction):
+                    raise
+            attempt += 1
+
+    def write_calls(self, calls: list[Call], batch: Batch | None) -> list[TaskResult]:
+        """One attempt at :meth:`bulk_enqueue`: prepare every job, then write them all."""
         checked: dict[int, dict[str, Any]] = {}  # id(task) -> its options, validated once
         prepared = [
             self.prepare_job(task, args, kwargs, batch, checked) for task, args, kwargs in calls
@@ -76,11 +96,10 @@ class JobsBackend(BaseTaskBackend):
                 # MySQL (unlike MariaDB) cannot return ids from a bulk insert.
                 for job in plain:
                     job.save(using=db, force_insert=True)
-            for index, (job, _) in enumerate(prepared):
-                if job.unique_lock is not None:
-                    holder = insert_unique(db, job)
-                    if holder is not None:
-                        holders[index] = holder
+            for index in unique_in_key_order(prepared):
+                holder = insert_unique(db, prepared[index][0])
+                if holder is not None:
+                    holders[index] = holder
             jobs = [job for index, (job, _) in enumerate(prepared) if index not in holders]
             scheduled = [job for job in jobs if job.status == JobStatus.SCHEDULED]
             if scheduled:
@@ -129,6 +148,8 @@ class JobsBackend(BaseTaskBackend):
         """An unsaved job for one call. ``checked`` caches each task's validation and
         options across the calls of one bulk enqueue (the calls hold the tasks alive,
         so ``id()`` is stable)."""
+        if not isinstance(task, Task):
+            raise InvalidTask(f"{task!r:.80} is not a task (a function decorated with @task)")
         options = None if checked is None else checked.get(id(task))
         if options is None:
             self.validate_task(task)
@@ -136,9 +157,13 @@ class JobsBackend(BaseTaskBackend):
             if checked is not None:
                 checked[id(task)] = options
         json_args, json_kwargs = json_arguments(args, kwargs)
-        is_job_task = isinstance(task, JobTask)
-        key = task.resolve_concurrency_key(json_args, json_kwargs) if is_job_task else None
-        unique = task.resolve_unique_key(json_args, json_kwargs) if is_job_task else None
+        # Every call is bound, keyed or not: one the function would refuse fails
+        # here, naming the argument, not in a worker later.
+        arguments = bound_arguments(task, json_args, json_kwargs)
+        key = unique = None
+        if isinstance(task, JobTask):
+            key = task.resolve_concurrency_key(json_args, json_kwargs, arguments)
+            unique = task.resolve_unique_key(json_args, json_kwargs, arguments)
         limit = options["concurrency_limit"]
         lease = task.lease_seconds if key else None
         if batch is not None:

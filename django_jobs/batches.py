@@ -28,6 +28,7 @@ from django.tasks import Task, TaskResult, task_backends
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
+from .job_task import checked_calls
 from .models import Batch, Job, JobStatus, ScheduledExecution
 
 logger = logging.getLogger("django_jobs.batches")
@@ -72,7 +73,7 @@ def enqueue_batch(
     when at least one did. ``concurrency_limit``: at most this many items of
     the batch hold a slot (ready or running) at a time.
     """
-    calls = list(calls)
+    calls = checked_calls(calls, "enqueue_batch()")
     callbacks = {"on_finish": on_finish, "on_success": on_success, "on_failure": on_failure}
     specs = {name: callback_spec(name, cb) for name, cb in callbacks.items() if cb is not None}
     backend = backend_of(calls, callbacks)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.core.checks import Error, Warning
 from django.db import connections
 from django.tasks import Task, task_backends
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 
-from .conf import JobsSettings, jobs_settings
+from .conf import SETTINGS_NAME, JobsSettings, did_you_mean
 from .exceptions import InvalidTaskArguments, TaskNotFound
 from .loading import load_task
 from .queues import QueueSelector
@@ -23,53 +24,119 @@ if TYPE_CHECKING:
 
 
 def backend_checks(backend: JobsBackend) -> list[Any]:
+    """Every problem at once: one run of ``check`` lists them all, none hides another."""
     errors: list[Any] = []
     db = backend.database
-    if db not in connections.databases:
-        return [
+    if db in connections.databases:
+        errors.extend(sqlite_checks(db, connections.databases[db]))
+    else:
+        errors.append(
             Error(
                 f"django-jobs database alias {db!r} is not in DATABASES.",
                 id="django_jobs.E001",
             )
-        ]
-    errors.extend(sqlite_checks(db, connections.databases[db]))
-    unknown = JobsSettings.unknown_keys()
-    if unknown:
-        errors.append(
-            Error(
-                f"Unknown DJANGO_JOBS setting(s): {', '.join(unknown)}.",
-                id="django_jobs.E003",
-            )
         )
-        return errors
+    if owns_settings_checks(backend):
+        errors.extend(settings_checks())
+    return errors
+
+
+def settings_checks() -> list[Any]:
+    """The ``DJANGO_JOBS`` dict: unknown keys, then every value that can be read."""
+    raw = getattr(settings, SETTINGS_NAME, None) or {}
+    if not isinstance(raw, Mapping):
+        message = f"{SETTINGS_NAME} must be a dict, not {type(raw).__name__}."
+        return [Error(message, id="django_jobs.E004")]
+    errors = unknown_setting_checks()
     try:
-        conf = jobs_settings()
+        conf = JobsSettings.from_dict(raw)
     except (TypeError, ValueError) as exc:
-        return [*errors, Error(f"Invalid DJANGO_JOBS settings: {exc}", id="django_jobs.E004")]
+        errors.append(Error(f"Invalid DJANGO_JOBS settings: {exc}", id="django_jobs.E004"))
+        # Check the rest as if 'queues' (the one value parsed on load) were left out.
+        conf = JobsSettings.from_dict({k: v for k, v in raw.items() if k != "queues"})
     errors.extend(number_checks(conf))
     errors.extend(listen_notify_checks(conf))
-    declared = backend.queues
-    for pattern in conf.queues:
-        if not QueueSelector.is_wildcard(pattern) and declared and pattern not in declared:
-            errors.append(
-                Error(
-                    f"DJANGO_JOBS['queues'] names {pattern!r}, which is not in the "
-                    f"QUEUES of task backend {backend.alias!r}.",
-                    hint=f"Known queues: {', '.join(sorted(declared))}.",
-                    id="django_jobs.E005",
-                )
-            )
-    for queue in conf.max_concurrency:
+    errors.extend(queue_checks(conf))
+    errors.extend(recurring_checks(conf))
+    return errors
+
+
+def unknown_setting_checks() -> list[Any]:
+    """One error per unknown key, with the known key it most likely meant."""
+    known = JobsSettings.known_keys()
+    return [
+        Error(
+            f"Unknown DJANGO_JOBS setting {name!r}.",
+            hint=did_you_mean(name, known) or f"Known settings: {', '.join(sorted(known))}.",
+            id="django_jobs.E003",
+        )
+        for name in JobsSettings.unknown_keys()
+    ]
+
+
+def queue_checks(conf: JobsSettings) -> list[Any]:
+    """``queues`` and ``max_concurrency`` name queues the backends declare."""
+    errors = [
+        Error(message, hint=known_queues(conf.database), id="django_jobs.E005")
+        for message in unknown_queue_patterns(conf.queues, conf.database, "DJANGO_JOBS['queues']")
+    ]
+    declared = declared_queues(conf.database)
+    caps = conf.max_concurrency if isinstance(conf.max_concurrency, Mapping) else {}
+    for queue in caps:
         if declared and queue not in declared:
             errors.append(
                 Error(
                     f"DJANGO_JOBS['max_concurrency'] names unknown queue {queue!r}.",
+                    hint=did_you_mean(queue, declared) or None,
                     id="django_jobs.E006",
                 )
             )
-    if owns_recurring_checks(backend):
-        errors.extend(recurring_checks(conf))
     return errors
+
+
+def declared_queues(db: str) -> set[str] | None:
+    """The queues a job in ``db`` can be in: the ``QUEUES`` of every django-jobs backend
+    writing to ``db``. None when any queue can be (a backend with empty ``QUEUES``, or none
+    writes there): nothing to check against."""
+    from .backend import JobsBackend
+
+    names: set[str] = set()
+    for alias in task_backends.settings:
+        backend = task_backends[alias]
+        if isinstance(backend, JobsBackend) and backend.database == db:
+            if not backend.queues:
+                return None
+            names |= backend.queues
+    return names or None
+
+
+def unknown_queue_patterns(patterns: Iterable[str], db: str, source: str) -> list[str]:
+    """A message for each pattern that matches no declared queue.
+
+    A worker serving only such patterns would poll forever and never find a job,
+    since an enqueue into an undeclared queue is refused. A name is checked as
+    is; ``prefix*`` must match at least one declared queue; ``*`` matches all.
+    Shared by check E005 (``source`` ``DJANGO_JOBS['queues']``) and ``run_jobs``
+    (``--queues``), so the two refuse the same patterns.
+    """
+    declared = declared_queues(db)
+    if not declared:
+        return []
+    messages = []
+    for pattern in patterns:
+        if any(QueueSelector((pattern,)).matches(queue) for queue in declared):
+            continue
+        if QueueSelector.is_wildcard(pattern):
+            message = f"{source} pattern {pattern!r} matches no queue in QUEUES."
+        else:
+            message = f"{source} names {pattern!r}, which is not in QUEUES."
+        messages.append(f"{message} {did_you_mean(pattern, declared)}".rstrip())
+    return messages
+
+
+def known_queues(db: str) -> str:
+    """``Known queues: a, b.`` for the hint of a queue error."""
+    return f"Known queues: {', '.join(sorted(declared_queues(db) or ()))}."
 
 
 def sqlite_checks(alias: str, settings_dict: dict[str, Any]) -> list[Any]:
@@ -115,6 +182,14 @@ def number_checks(conf: JobsSettings) -> list[Any]:
                 id="django_jobs.W001",
             )
         )
+    if not isinstance(conf.max_concurrency, Mapping):
+        errors.append(
+            Error(
+                "DJANGO_JOBS['max_concurrency'] must be a dict of queue -> integer >= 1.",
+                id="django_jobs.E009",
+            )
+        )
+        return errors
     for queue, cap in conf.max_concurrency.items():
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             errors.append(
@@ -142,9 +217,10 @@ def listen_notify_checks(conf: JobsSettings) -> list[Any]:
     ]
 
 
-def owns_recurring_checks(backend: JobsBackend) -> bool:
-    """Recurring entries are checked once, by the first django-jobs backend in TASKS,
-    not once per backend (each entry is checked against its own task's backend)."""
+def owns_settings_checks(backend: JobsBackend) -> bool:
+    """``DJANGO_JOBS`` is one dict: the first django-jobs backend in TASKS checks it, so
+    two backends do not report each problem twice (a recurring entry is checked
+    against its own task's backend)."""
     from .backend import JobsBackend
 
     for alias in task_backends.settings:
@@ -186,10 +262,11 @@ def recurring_entry_checks(key: Any, entry: Any, db: str) -> list[Any]:
         ]
     unknown = sorted(str(name) for name in set(entry) - ENTRY_KEYS)
     if unknown:
+        guesses = " ".join(filter(None, (did_you_mean(name, ENTRY_KEYS) for name in unknown)))
         errors.append(
             Error(
                 f"{where} has unknown key(s): {', '.join(unknown)}.",
-                hint=f"Known keys: {', '.join(sorted(ENTRY_KEYS))}.",
+                hint=f"{guesses} Known keys: {', '.join(sorted(ENTRY_KEYS))}.".lstrip(),
                 id="django_jobs.E011",
             )
         )

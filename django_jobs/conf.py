@@ -6,6 +6,8 @@ settings changed by a management command's flags both take effect.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -44,7 +46,17 @@ class JobsSettings:
 
     @classmethod
     def load(cls, **overrides: Any) -> JobsSettings:
-        raw = dict(getattr(settings, SETTINGS_NAME, {}) or {})
+        return cls.from_dict(getattr(settings, SETTINGS_NAME, {}) or {}, **overrides)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], **overrides: Any) -> JobsSettings:
+        """Settings from ``raw`` (a ``DJANGO_JOBS`` dict) and ``overrides`` (flags).
+
+        Unknown keys are ignored here (the system checks name them). Raises
+        ``TypeError``/``ValueError`` for a value that cannot be read at all.
+        """
+        if not isinstance(raw, Mapping):
+            raise TypeError(f"{SETTINGS_NAME} must be a dict, not {type(raw).__name__}")
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in raw.items() if k in known}
         if "queues" in values:
@@ -56,15 +68,26 @@ class JobsSettings:
         return replace(base, **clean)
 
     @classmethod
+    def known_keys(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
     def unknown_keys(cls) -> list[str]:
         raw = getattr(settings, SETTINGS_NAME, {}) or {}
-        known = {f.name for f in fields(cls)}
-        return sorted(k for k in raw if k not in known)
+        if not isinstance(raw, Mapping):
+            return []
+        known = set(cls.known_keys())
+        return sorted(str(k) for k in raw if k not in known)
 
 
 def parse_queue_list(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """A queue list from a comma-separated string or a list of names; ``("*",)`` if empty."""
     if isinstance(value, str):
         value = value.split(",")
+    if not isinstance(value, list | tuple) or not all(isinstance(q, str) for q in value):
+        raise TypeError(
+            f"queues must be a comma-separated string or a list of strings, not {value!r:.60}"
+        )
     queues = tuple(q.strip() for q in value if q and q.strip())
     return queues or ("*",)
 
@@ -75,5 +98,19 @@ def jobs_settings(**overrides: Any) -> JobsSettings:
 
 def database_alias() -> str:
     """The jobs' database alone: read on every enqueue, so without building the rest."""
-    raw = getattr(settings, SETTINGS_NAME, None) or {}
-    return raw.get("database") or JobsSettings.database
+    raw = getattr(settings, SETTINGS_NAME, None)
+    # Not a dict: check E004 says so; until then, the default alias.
+    database = raw.get("database") if isinstance(raw, Mapping) else None
+    return database or JobsSettings.database
+
+
+def did_you_mean(name: object, choices: Iterable[str]) -> str:
+    """``Did you mean 'threads'?`` for a near-miss name, else an empty string.
+
+    A typo in a settings key or a task option is the commonest bad input; naming
+    the likely intent saves a trip to the docs.
+    """
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"Did you mean {close[0]!r}?" if close else ""

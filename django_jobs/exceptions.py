@@ -4,7 +4,9 @@ from django.tasks.exceptions import InvalidTask
 
 
 class InvalidTaskArguments(InvalidTask, TypeError):
-    """Arguments that would not come back from JSON as they went in."""
+    """Arguments the task's function would not accept, or that would not come back from
+    JSON as they went in: raised at enqueue, so nothing is written and the caller still
+    has the values (a ``TypeError`` too, as Python raises for a bad call)."""
 
 
 class TaskNotFound(Exception):

@@ -8,8 +8,9 @@ options on both. Every option is checked when the task is declared (or
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,6 +20,8 @@ from django.tasks.base import DEFAULT_TASK_PRIORITY
 from django.tasks.exceptions import InvalidTask
 
 from .backoff import BackoffSpec, validate_backoff
+from .conf import did_you_mean
+from .exceptions import InvalidTaskArguments
 
 ConcurrencyKey = str | Callable[..., str] | None
 
@@ -63,30 +66,44 @@ class JobTask(Task):
         **options: Any,
     ) -> JobTask:
         """Django's ``using()``, plus per-call overrides of this backend's options."""
-        unknown = sorted(set(options) - set(JOB_OPTION_NAMES))
-        if unknown:
-            raise TypeError(f"Unknown task option(s) for using(): {', '.join(unknown)}")
+        reject_unknown_options(options, "Unknown task option(s) for using()")
         base = Task.using(
             self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
         )
         return replace(base, **options) if options else base
 
-    def resolve_concurrency_key(self, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+    def resolve_concurrency_key(
+        self,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        arguments: Mapping[str, Any] | None = None,
+    ) -> str | None:
         """The semaphore key of one call: ``group/key``, the key filled from the arguments.
 
         The group defaults to the task's path, so two tasks share a limit only
-        when they name the same ``concurrency_group``.
+        when they name the same ``concurrency_group``. ``arguments``: the call
+        already bound by :func:`bound_arguments`, if the caller has it.
         """
         return self.resolve_key(
-            "concurrency_key", self.concurrency_group or self.module_path, args, kwargs
+            "concurrency_key", self.concurrency_group or self.module_path, args, kwargs, arguments
         )
 
-    def resolve_unique_key(self, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+    def resolve_unique_key(
+        self,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        arguments: Mapping[str, Any] | None = None,
+    ) -> str | None:
         """The unique key of one call, ``task path/key``: unique per task, like a limit's group."""
-        return self.resolve_key("unique_key", self.module_path, args, kwargs)
+        return self.resolve_key("unique_key", self.module_path, args, kwargs, arguments)
 
     def resolve_key(
-        self, option: str, prefix: str, args: list[Any], kwargs: dict[str, Any]
+        self,
+        option: str,
+        prefix: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        arguments: Mapping[str, Any] | None = None,
     ) -> str | None:
         """Fill the key option ``option`` (a template or a callable) from one call's arguments."""
         key = getattr(self, option)
@@ -95,7 +112,9 @@ class JobTask(Task):
         if callable(key):
             resolved = key(*args, **kwargs)
         else:
-            resolved = key.format(**bound_arguments(self, args, kwargs))
+            if arguments is None:
+                arguments = bound_arguments(self, args, kwargs)
+            resolved = key.format(**arguments)
         if not isinstance(resolved, str) or not resolved:
             raise InvalidTask(f"{option} of {self.module_path} must give a non-empty string")
         full = f"{prefix}/{resolved}"
@@ -112,18 +131,67 @@ class JobTask(Task):
         return None if duration is None else float(duration)
 
 
-def bound_arguments(task: Task, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    signature = inspect.signature(task.func)
+@functools.lru_cache(maxsize=1024)
+def signature_of(func: Callable[..., Any]) -> inspect.Signature:
+    """``inspect.signature``, once per function: every enqueue binds its call."""
+    return inspect.signature(func)
+
+
+def bound_arguments(task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The call's arguments by parameter name, defaults applied, the context left out.
+
+    The one place a call is checked against the task's function: every enqueue
+    goes through it, keyed or not, so a call the function would refuse fails in
+    the caller, naming the argument, instead of in a worker later.
+    """
+    signature = signature_of(task.func)
     call_args = [None, *args] if task.takes_context else list(args)
     try:
         bound = signature.bind(*call_args, **kwargs)
     except TypeError as exc:
-        raise InvalidTask(f"Arguments do not match {task.module_path}{signature}: {exc}") from exc
+        reason = binding_problem(task, signature, len(args), exc)
+        raise InvalidTaskArguments(
+            f"Arguments do not match {task.module_path}{bare(signature)}: {reason}"
+        ) from exc
     bound.apply_defaults()
     arguments = dict(bound.arguments)
     if task.takes_context:
         arguments.pop(next(iter(signature.parameters)), None)
     return arguments
+
+
+def bare(signature: inspect.Signature) -> inspect.Signature:
+    """The signature without annotations: ``(a, b=2)`` reads better in an error."""
+    empty = inspect.Parameter.empty
+    return signature.replace(
+        parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+        return_annotation=inspect.Signature.empty,
+    )
+
+
+def binding_problem(task: Task, signature: inspect.Signature, given: int, exc: TypeError) -> str:
+    """Python's reason, naming the argument; its "too many positional arguments" names none."""
+    reason = str(exc)
+    if reason != "too many positional arguments":
+        return reason
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    accepted = sum(p.kind in kinds for p in signature.parameters.values())
+    if task.takes_context:
+        accepted -= 1
+    return (
+        f"positional argument {accepted} is one too many "
+        f"(it takes {accepted} positionally, {given} were given)"
+    )
+
+
+def reject_unknown_options(options: Mapping[str, Any], message: str) -> None:
+    """A ``TypeError`` (as for any unexpected keyword) naming the unknown options,
+    with the option each one likely meant."""
+    unknown = sorted(set(options) - set(JOB_OPTION_NAMES))
+    if unknown:
+        hints = [did_you_mean(name, JOB_OPTION_NAMES) for name in unknown]
+        hint = " ".join(hint for hint in hints if hint)
+        raise TypeError(f"{message}: {', '.join(unknown)}.{f' {hint}' if hint else ''}")
 
 
 def validate_job_options(task: JobTask) -> None:
@@ -196,9 +264,7 @@ def task(
     """``django.tasks.task`` that also takes this backend's options on Django 6.0."""
     from django.tasks import task_backends
 
-    unknown = sorted(set(options) - set(JOB_OPTION_NAMES))
-    if unknown:
-        raise TypeError(f"Unknown task option(s): {', '.join(unknown)}")
+    reject_unknown_options(options, "Unknown task option(s)")
 
     def wrapper(func: Callable[..., Any]) -> Task:
         task_class = task_backends[backend].task_class
@@ -236,3 +302,32 @@ def job_options(task: Task) -> dict[str, Any]:
         "unique_key": None,
         "unique_until": "finish",
     }
+
+
+Call = tuple[Task, Sequence[Any], Mapping[str, Any]]
+
+
+def checked_calls(calls: Iterable[Any], where: str) -> list[Call]:
+    """``calls`` as a list, each a ``(task, args, kwargs)`` whose task is a ``Task``.
+
+    Raises Django's ``InvalidTask`` naming the call at fault, before anything is
+    written: a plain function (the ``@task`` forgotten) would otherwise surface
+    as an ``AttributeError`` from deep inside the enqueue.
+    """
+    calls = list(calls)
+    for index, call in enumerate(calls):
+        if not isinstance(call, tuple | list) or len(call) != 3:
+            raise InvalidTask(
+                f"{where}: call {index} must be a (task, args, kwargs) tuple, not {call!r:.80}"
+            )
+        task, args, kwargs = call
+        if not isinstance(task, Task):
+            raise InvalidTask(
+                f"{where}: call {index} names {task!r:.80}, which is not a task "
+                "(a function decorated with @task)"
+            )
+        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+            raise InvalidTask(f"{where}: call {index}'s args must be a list or a tuple")
+        if not isinstance(kwargs, Mapping):
+            raise InvalidTask(f"{where}: call {index}'s kwargs must be a dict")
+    return calls

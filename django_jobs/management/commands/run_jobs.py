@@ -9,6 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from django_jobs.checks import known_queues, unknown_queue_patterns
 from django_jobs.conf import JobsSettings
 from django_jobs.runner.lifecycle import Lifecycle
 from django_jobs.runner.logs import configure_logging
@@ -80,6 +81,7 @@ class Command(BaseCommand):
             conf = JobsSettings.load(**overrides)
         except (TypeError, ValueError) as exc:
             raise CommandError(f"Invalid DJANGO_JOBS settings: {exc}") from exc
+        refuse_unknown_queues(conf, "--queues" if "queues" in overrides else None)
         verbosity = options["verbosity"]
         configure_logging(verbosity)
         lifecycle = Lifecycle()
@@ -100,3 +102,17 @@ class Command(BaseCommand):
             code = 1 if lifecycle.pruned else 0
         if code:
             raise CommandError("stopped: this process was pruned as dead", returncode=code)
+
+
+def refuse_unknown_queues(conf: JobsSettings, flag: str | None) -> None:
+    """Refuse queue patterns that match no declared queue, as check E005 does.
+
+    Such a worker would poll forever and never find a job (an enqueue into an
+    undeclared queue is refused), which looks exactly like a healthy idle one.
+    The check covers ``DJANGO_JOBS['queues']``; this covers the flag, and the
+    setting too when checks are skipped.
+    """
+    source = flag or "DJANGO_JOBS['queues']"
+    problems = unknown_queue_patterns(conf.queues, conf.database, source)
+    if problems:
+        raise CommandError(" ".join([*problems, known_queues(conf.database)]))
