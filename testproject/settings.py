@@ -108,9 +108,18 @@ LOGGING = {
     "formatters": {
         "plain": {"format": "%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s"}
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "null": {"class": "logging.NullHandler"},
+    },
     "loggers": {
         "django_jobs": {"handlers": ["console"], "level": env("JOBS_LOG_LEVEL", default="INFO")},
         "testproject": {"handlers": ["console"], "level": "INFO"},
+        # Django logs every task start and finish on "django.tasks" (through its own console
+        # handler while DEBUG is on), and django_jobs.worker logs the same events with the
+        # attempt, duration and error: without this each job event printed twice. A
+        # NullHandler, not just no handler: records of a logger with none that does not
+        # propagate would still reach logging's last-resort handler from WARNING up.
+        "django.tasks": {"handlers": ["null"], "propagate": False},
     },
 }

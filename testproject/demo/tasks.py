@@ -1,15 +1,25 @@
-"""Example tasks for the demo: plain, retried, limited per key, deferred, async, unique, batch."""
+"""The demo's tasks, one per feature the tour shows (``manage.py demo``).
+
+Every outcome is deterministic, so each run of the demo tells the same story: the retry
+fails exactly once, the failing job always fails, the keyed pair always takes turns.
+"""
+
+from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 
-from django.tasks import task
+from django.tasks import TaskContext, task
 
 from django_jobs import task as jobs_task
 
 logger = logging.getLogger("testproject.demo")
+
+# Long enough for the log to show the second job of the key waiting for the first.
+KEYED_JOB_SECONDS = 1.0
+# The retry's backoff: attempt 2 is scheduled this long after attempt 1 failed.
+RETRY_BACKOFF_SECONDS = 1.0
 
 
 @task
@@ -20,21 +30,33 @@ def add(a: int, b: int) -> int:
 @task(queue_name="emails", priority=10)
 def send_welcome_email(user_id: int) -> str:
     time.sleep(0.2)
-    logger.info("sent welcome email to user %s", user_id)
-    return f"sent to {user_id}"
+    return f"sent to user {user_id}"
 
 
-@jobs_task(queue_name="reports", max_attempts=3, backoff=0.5)
-def flaky_report(report_id: int) -> str:
-    if random.random() < 0.5:
+@task(queue_name="emails")
+def send_reminder(user_id: int) -> str:
+    """Enqueued with ``run_after``: scheduled until then, run soon after."""
+    return f"reminded user {user_id}"
+
+
+@jobs_task(queue_name="reports", max_attempts=3, backoff=RETRY_BACKOFF_SECONDS, takes_context=True)
+def flaky_report(context: TaskContext, report_id: int) -> str:
+    """Fails on its first attempt, every time, so the demo always shows one retry."""
+    if context.attempt == 1:
         raise ConnectionError(f"report service unavailable for report {report_id}")
-    return f"report {report_id} ready"
+    return f"report {report_id} ready on attempt {context.attempt}"
+
+
+@task(queue_name="reports")
+def parse_upload(name: str) -> None:
+    """Always fails, with no retry: a FAILED job whose traceback the admin shows."""
+    raise ValueError(f"{name} is not a CSV file")
 
 
 @jobs_task(concurrency_key="account:{account_id}", concurrency_limit=1)
 def sync_account(account_id: int) -> int:
-    time.sleep(0.3)
-    logger.info("synced account %s", account_id)
+    """At most one runs per account: a second one waits, blocked, for the first to end."""
+    time.sleep(KEYED_JOB_SECONDS)
     return account_id
 
 

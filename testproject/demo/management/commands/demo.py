@@ -1,64 +1,393 @@
-"""``manage.py demo``: migrate, enqueue example jobs, then run the worker until Ctrl-C."""
+"""``manage.py demo``: a tour of django-jobs that runs its jobs and stops by itself.
 
-from datetime import timedelta
+It migrates, makes sure there is a superuser to look at the admin with, enqueues one
+job (or small group) per feature, says what to expect of each, then runs
+``run_jobs --single-process`` until every job of the tour has ended, and closes with
+what happened and where to see it in the admin. Ctrl-C stops it early, through
+``run_jobs``'s own graceful shutdown.
+"""
 
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from django.db import connection, connections
+from django.tasks import TaskResult
 from django.utils import timezone
 
 from django_jobs import bulk_enqueue, enqueue_batch
+from django_jobs.models import FINISHED_STATUSES, Batch, FailedExecution, Job, JobStatus
 from testproject.demo import tasks
+
+DEFER_SECONDS = 3
+WIDTH = 100
+ADMIN_URL = "http://127.0.0.1:8000/admin/django_jobs/"
+DEMO_USER = ("admin", "admin")
+# One short line per log record: in the demo the date and the pid (always this one
+# process) only push the message off the screen.
+LOG_FORMAT = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+
+
+@dataclass
+class Tour:
+    """What the demo enqueued, by the feature each job shows."""
+
+    plain: list[TaskResult]
+    emails: list[TaskResult]
+    retry: TaskResult
+    failing: TaskResult
+    deferred: TaskResult
+    keyed: list[TaskResult]
+    unique: list[TaskResult]
+    batch_id: int
+    rows: list[TaskResult]
+    started: float = field(default_factory=time.monotonic)
+
+    def job_ids(self) -> set[int]:
+        everything = [
+            *self.plain,
+            *self.emails,
+            self.retry,
+            self.failing,
+            self.deferred,
+            *self.keyed,
+            *self.unique,
+            *self.rows,
+        ]
+        return {int(result.id) for result in everything}
+
+    def callback_ids(self) -> set[int]:
+        """The batch's callback jobs, once its last row has ended and enqueued them."""
+        batch = Batch.objects.filter(pk=self.batch_id).first()
+        return {int(job_id) for job_id in batch.callback_jobs.values()} if batch else set()
+
+    def unfinished(self) -> int:
+        """Jobs of the tour that have not ended; the batch's callback counts before it exists."""
+        batch = Batch.objects.filter(pk=self.batch_id).first()
+        waiting_for_callback = int(batch is not None and batch.finished_at is None)
+        ids = self.job_ids() | self.callback_ids()
+        return waiting_for_callback + (
+            Job.objects.filter(pk__in=ids).exclude(status__in=FINISHED_STATUSES).count()
+        )
+
+
+def enqueue_tour() -> Tour:
+    """One job (or small group) per feature; see ``Command.introduce`` for what each shows."""
+    plain = [tasks.add.enqueue(2, 3), tasks.fetch_status.enqueue("https://example.com")]
+    emails = bulk_enqueue([(tasks.send_welcome_email, [user_id], {}) for user_id in (1, 2, 3)])
+    retry = tasks.flaky_report.enqueue(report_id=7)
+    failing = tasks.parse_upload.enqueue("upload.xlsx")
+    deferred = tasks.send_reminder.using(
+        run_after=timezone.now() + timedelta(seconds=DEFER_SECONDS)
+    ).enqueue(user_id=1)
+    keyed = [tasks.sync_account.enqueue(account_id=1) for _ in range(2)]
+    unique = [tasks.rebuild_index.enqueue(account_id=1) for _ in range(2)]
+    batch = enqueue_batch(
+        [(tasks.import_row, [row], {}) for row in range(4)],
+        on_finish=tasks.import_done,
+        description="demo import",
+    )
+    return Tour(
+        plain=plain,
+        emails=emails,
+        retry=retry,
+        failing=failing,
+        deferred=deferred,
+        keyed=keyed,
+        unique=unique,
+        batch_id=batch.id,
+        rows=list(batch.results),
+    )
+
+
+class DoneWatcher(threading.Thread):
+    """Stops ``run_jobs`` once every job of the tour has ended.
+
+    It sends this process the SIGINT a Ctrl-C would: ``run_jobs`` then shuts down
+    gracefully through its own signal handling, the one way to stop it that is
+    part of its interface, and the demo needs no second way.
+    """
+
+    def __init__(self, tour: Tour, default_sigint: Any, on_finished: Callable[[], None]) -> None:
+        super().__init__(name="demo-done-watcher", daemon=True)
+        self.tour = tour
+        self.default_sigint = default_sigint
+        self.on_finished = on_finished
+        self.finished = threading.Event()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stop.wait(0.2):
+                if self.tour.unfinished() == 0:
+                    self.finished.set()
+                    self.on_finished()
+                    self.stop_run_jobs()
+                    return
+        finally:
+            connection.close()  # this thread's own connection
+
+    def stop_run_jobs(self) -> None:
+        # run_jobs installs its handler before it starts a worker, so it is there by the time
+        # the jobs have run; this wait only matters if another worker ran them all first.
+        while signal.getsignal(signal.SIGINT) is self.default_sigint:
+            if self.stop.wait(0.05):
+                return
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 class Command(BaseCommand):
-    help = "Set up the demo database, enqueue example jobs and run them (Ctrl-C stops)."
+    help = (
+        "A tour of django-jobs: enqueue one job per feature, run them until all have ended "
+        "(Ctrl-C stops early), then say what happened and how to see it in the admin."
+    )
 
-    def add_arguments(self, parser):
-        parser.add_argument("--once", action="store_true", help="Exit when the queues are empty.")
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        # Kept so that older instructions still work: the demo always stops when done now.
+        parser.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
 
-    def handle(self, *args, **options):
-        call_command("migrate", verbosity=0)
-        results = [
-            tasks.add.enqueue(2, 3),
-            tasks.flaky_report.enqueue(report_id=7),
-            tasks.fetch_status.enqueue("https://example.com"),
-            tasks.add.using(run_after=timezone.now() + timedelta(seconds=2)).enqueue(40, 2),
+    def say(self, text: str = "", style: Any = None, indent: str = "") -> None:
+        """Write and flush, so these lines and the log's stay in order even in a pipe."""
+        if text:
+            text = wrap(text, indent, indent + "  ")
+        self.stdout.write(style(text) if style else text)
+        self.stdout.flush()
+
+    def item(self, label: str, text: str) -> None:
+        self.stdout.write(
+            textwrap.fill(text, WIDTH, initial_indent=f"  {label:<9} ", subsequent_indent=" " * 12)
+        )
+        self.stdout.flush()
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        began = time.monotonic()
+        try:
+            call_command("migrate", verbosity=0)
+            login = ensure_superuser()
+            tour = enqueue_tour()
+        except KeyboardInterrupt:
+            self.say("Stopped before any job ran.")
+            return
+        self.introduce(tour)
+        use_short_log_lines()
+        watcher = DoneWatcher(
+            tour,
+            signal.getsignal(signal.SIGINT),
+            lambda: self.say(
+                "Every job of the tour has ended: stopping run_jobs, as Ctrl-C would.",
+                self.style.SUCCESS,
+            ),
+        )
+        watcher.start()
+        try:
+            call_command("run_jobs", single_process=True, verbosity=1)
+        finally:
+            watcher.stop.set()
+            watcher.join()
+        if watcher.finished.is_set():
+            self.say(f"Done in {time.monotonic() - began:.1f} s.", self.style.SUCCESS)
+        else:
+            left = tour.unfinished()
+            self.say(
+                f"Stopped early: {left} job(s) of the tour had not ended. They stay in the "
+                "database; run the demo again, or testproject/manage.py run_jobs, to finish them.",
+                self.style.WARNING,
+            )
+        self.summarise(tour)
+        self.point_to_admin(login)
+
+    def introduce(self, tour: Tour) -> None:
+        keyed = [job_row(result) for result in tour.keyed]
+        first, second = tour.unique
+        same = "the same job" if first.id == second.id else "two jobs (unexpected!)"
+        rows = ", ".join(f"#{result.id}" for result in tour.rows)
+        lines = [
+            ("plain", f"#{tour.plain[0].id} add(2, 3), #{tour.plain[1].id} an async task"),
+            (
+                "priority",
+                f"{ids(tour.emails)} send_welcome_email on queue 'emails', priority 10: "
+                "they run first",
+            ),
+            (
+                "retry",
+                f"#{tour.retry.id} flaky_report fails on attempt 1 and is retried "
+                f"{tasks.RETRY_BACKOFF_SECONDS:g} s later; attempt 2 succeeds",
+            ),
+            (
+                "failure",
+                f"#{tour.failing.id} parse_upload raises ValueError and has no retry left: FAILED",
+            ),
+            (
+                "deferred",
+                f"#{tour.deferred.id} send_reminder with run_after = now + {DEFER_SECONDS} s: "
+                "scheduled until then",
+            ),
+            (
+                "keyed",
+                f"#{keyed[0].pk} and #{keyed[1].pk} sync_account(account_id=1), key "
+                f"'{keyed[0].concurrency_key}' with limit 1: #{keyed[0].pk} is "
+                f"{keyed[0].status}, #{keyed[1].pk} is {keyed[1].status} until #{keyed[0].pk} "
+                "ends",
+            ),
+            (
+                "unique",
+                f"rebuild_index(account_id=1) enqueued twice: {same}, #{first.id}",
+            ),
+            (
+                "batch",
+                f"batch #{tour.batch_id}: import_row {rows}; when the last one ends, its "
+                "on_finish callback import_done runs, once",
+            ),
         ]
-        results += bulk_enqueue(
-            [(tasks.send_welcome_email, [user_id], {}) for user_id in range(1, 6)]
+        self.say(f"django-jobs demo, on {database_label()}", self.style.MIGRATE_HEADING)
+        self.say(f"Enqueued {len(tour.job_ids())} jobs:")
+        for label, text in lines:
+            self.item(label, text)
+        self.say(
+            "Running them: run_jobs --single-process, one log line per job event; it stops "
+            "when all have ended (Ctrl-C: sooner).",
+            self.style.MIGRATE_HEADING,
         )
-        results += [tasks.sync_account.enqueue(account_id=1) for _ in range(3)]
-        # Unique: the second call returns the first call's job.
-        results += [tasks.rebuild_index.enqueue(account_id=1)]
-        duplicate = tasks.rebuild_index.enqueue(account_id=1)
-        batch = enqueue_batch(
-            [(tasks.import_row, [row], {}) for row in range(4)],
-            on_finish=tasks.import_done,
-            description="demo import",
+
+    def summarise(self, tour: Tour) -> None:
+        ids_ = tour.job_ids() | tour.callback_ids()
+        jobs = {job.pk: job for job in Job.objects.filter(pk__in=ids_)}
+        counts: dict[str, int] = {}
+        for job in jobs.values():
+            counts[job.status] = counts.get(job.status, 0) + 1
+        order = [status.value for status in JobStatus]
+        by_status = ", ".join(
+            f"{status} {counts[status]}" for status in sorted(counts, key=order.index)
         )
-        results += batch.results
-        self.stdout.write(
-            f"rebuild_index enqueued twice: one job (#{duplicate.id}); "
-            f"batch #{batch.id} with {len(batch.results)} rows and an on_finish callback"
-        )
-        self.stdout.write(
-            self.style.SUCCESS(
-                f"Enqueued {len(results)} demo jobs; starting run_jobs (Ctrl-C stops)."
+        self.say(f"Jobs by status: {by_status}", self.style.MIGRATE_HEADING)
+
+        def ran(job_id: Any) -> Job | None:
+            job = jobs.get(int(job_id))
+            return job if job is not None and job.status in FINISHED_STATUSES else None
+
+        notes = []
+        if retry := ran(tour.retry.id):
+            errors = list(
+                FailedExecution.objects.filter(job_id=retry.pk).values_list(
+                    "attempt", "exception_class_path"
+                )
             )
+            failed = ", ".join(f"attempt {n}: {path.rsplit('.', 1)[-1]}" for n, path in errors)
+            outcome = f"{retry.status} after {retry.attempts} attempt(s) ({failed})"
+            notes.append(("retry", f"#{retry.pk} {outcome}"))
+        if failing := ran(tour.failing.id):
+            notes.append(("failure", f"#{failing.pk} {failing.status}: its traceback is stored"))
+        if deferred := ran(tour.deferred.id):
+            assert deferred.started_at is not None
+            waited = (deferred.started_at - deferred.enqueued_at).total_seconds()
+            notes.append(("deferred", f"#{deferred.pk} started {waited:.1f} s after its enqueue"))
+        keyed = [ran(result.id) for result in tour.keyed]
+        if all(keyed):
+            spans = "; ".join(f"#{job.pk} ran {span(job)}" for job in keyed if job)
+            notes.append(("keyed", f"{spans}: one at a time"))
+        callbacks = [ran(job_id) for job_id in tour.callback_ids()]
+        if callbacks and all(callbacks):
+            callback = callbacks[0]
+            assert callback is not None
+            notes.append(("batch", f"callback #{callback.pk} ran once: {callback.return_value!r}"))
+        for label, text in notes:
+            self.item(label, text)
+
+    def point_to_admin(self, login: str) -> None:
+        python = shell_path(sys.executable)
+        manage = shell_path(Path(settings.BASE_DIR) / "manage.py")
+        url = os.environ.get("DATABASE_URL")
+        prefix = f"DATABASE_URL={url} " if url else ""
+        self.say("See it all in the admin:", self.style.MIGRATE_HEADING)
+        self.stdout.write(f"  {prefix}{python} {manage} runserver")
+        self.say(f"then open {ADMIN_URL} and log in {login}.", indent="  ")
+        self.say(
+            "Dashboard: counts per queue. Jobs: filter by status; a job's page lists every "
+            "failed attempt with its traceback (the retry's and the failure's). Batches: the "
+            "import and its callback. Processes: empty again, the worker has stopped.",
+            indent="  ",
         )
-        call_command("run_jobs", single_process=True, once=options["once"], verbosity=1)
-        self.stdout.write("Results:")
-        callback_id = batch.refresh().callback_jobs.get("on_finish")
-        if callback_id:
-            results.append(tasks.import_done.get_result(str(callback_id)))
-        for result in results:
-            result.refresh()
-            value = result.return_value if result.status == "SUCCESSFUL" else ""
-            self.stdout.write(
-                f"  #{result.id} {result.task.name}: {result.status} "
-                f"attempts={result.attempts} {value}"
-            )
-        self.stdout.write(
-            "See them in the admin: testproject/manage.py createsuperuser, then "
-            "testproject/manage.py runserver and open http://127.0.0.1:8000/admin/django_jobs/"
-        )
+
+
+def wrap(text: str, first: str, rest: str) -> str:
+    """Lines of at most ``WIDTH``, never breaking a path or a key in two."""
+    return textwrap.fill(
+        text,
+        WIDTH,
+        initial_indent=first,
+        subsequent_indent=rest,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def ensure_superuser() -> str:
+    """Someone to log in to the admin as; creates ``admin``/``admin`` when there is nobody."""
+    user_model = get_user_model()
+    username, password = DEMO_USER
+    user = user_model.objects.filter(username=username, is_superuser=True).first()
+    if user is not None and user.check_password(password):
+        return f"as {username} / {password}"
+    superusers = list(
+        user_model.objects.filter(is_superuser=True).values_list("username", flat=True)[:3]
+    )
+    if superusers:
+        return f"as your superuser ({', '.join(superusers)})"
+    user_model.objects.create_superuser(username, f"{username}@example.com", password)
+    return f"as {username} / {password} (a superuser the demo created)"
+
+
+def use_short_log_lines() -> None:
+    """Short lines, on standard output (in order with the demo's own lines)."""
+    for name in ("django_jobs", "testproject"):
+        for handler in logging.getLogger(name).handlers:
+            handler.setFormatter(LOG_FORMAT)
+            if isinstance(handler, logging.StreamHandler):
+                handler.setStream(sys.stdout)
+
+
+def job_row(result: TaskResult) -> Job:
+    return Job.objects.get(pk=int(result.id))
+
+
+def ids(results: list[TaskResult]) -> str:
+    return ", ".join(f"#{result.id}" for result in results)
+
+
+def span(job: Job) -> str:
+    def clock(moment: datetime | None) -> str:
+        return f"{timezone.localtime(moment):%H:%M:%S.%f}"[:-3] if moment else "?"
+
+    return f"{clock(job.started_at)}-{clock(job.finished_at)}"
+
+
+def database_label() -> str:
+    db = connections["default"].settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"SQLite ({shell_path(db['NAME'])}; set DATABASE_URL for another database)"
+    return f"{connections['default'].display_name} ({db['NAME']})"
+
+
+def shell_path(path: str | Path) -> str:
+    """``path`` relative to the current directory when it is inside it, else absolute."""
+    absolute = Path(path).absolute()
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)

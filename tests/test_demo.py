@@ -1,0 +1,186 @@
+"""The README's first command, ``testproject/manage.py demo``, run as a user runs it.
+
+A real subprocess on a fresh SQLite file (the demo's own database, not the test
+database): it must stop by itself, log each job event once, and close with the
+summary and the way into the admin. What the log says is checked against the
+jobs table the demo leaves behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.harness import MANAGE, REPO_ROOT, wait_until
+
+pytestmark = pytest.mark.workers
+
+EVENT = re.compile(r"job (started|finished|failed) task=(\S+) job=(\d+) attempt=(\d+)")
+# Generous: the demo takes about 5 s; a loaded CI machine may take several times that.
+TIMEOUT = 90
+
+
+def demo_env(db_path: Path) -> dict[str, str]:
+    """The environment of a user's shell: no test settings, no fast test clocks."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("JOBS_") and key != "TEST_DATABASE_NAME"
+    }
+    env.update(DATABASE_URL=f"sqlite:///{db_path}", PYTHONUNBUFFERED="1")
+    return env
+
+
+def run_demo(db_path: Path) -> str:
+    try:
+        done = subprocess.run(
+            [sys.executable, str(MANAGE), "demo"],
+            cwd=REPO_ROOT,
+            env=demo_env(db_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(
+            f"the demo did not stop by itself within {TIMEOUT}s; output:\n{exc.output}"
+        ) from None
+    assert done.returncode == 0, done.stdout
+    return done.stdout
+
+
+def jobs_of(db_path: Path) -> dict[int, tuple[str, str, int, datetime, datetime | None]]:
+    """{id: (task path, status, attempts, enqueued_at, started_at)} from the demo's database."""
+    with sqlite3.connect(db_path) as db:
+        rows = db.execute(
+            "SELECT id, task_path, status, attempts, enqueued_at, started_at FROM django_jobs_job"
+        ).fetchall()
+    return {
+        row[0]: (
+            row[1],
+            row[2],
+            row[3],
+            datetime.fromisoformat(row[4]),
+            datetime.fromisoformat(row[5]) if row[5] else None,
+        )
+        for row in rows
+    }
+
+
+def events_of(output: str) -> list[tuple[str, str, int, int]]:
+    return [
+        (event, task, int(job), int(attempt)) for event, task, job, attempt in EVENT.findall(output)
+    ]
+
+
+def check_run(output: str, jobs: dict, new_ids: set[int]) -> None:
+    """Every event of every job of this run logged once, in an order that makes sense."""
+    assert "Task id=" not in output, "Django's django.tasks duplicate of our log lines"
+    assert "Traceback" not in output, output
+    events = events_of(output)
+    counts = Counter((event, job, attempt) for event, _, job, attempt in events)
+    assert [key for key, n in counts.items() if n > 1] == [], output
+    assert {job for _, _, job, _ in events} == new_ids, output
+    for job_id in new_ids:
+        task, status, attempts, _, _ = jobs[job_id]
+        expected = {("started", job_id, n) for n in range(1, attempts + 1)}
+        expected |= {("failed", job_id, n) for n in range(1, attempts)}
+        expected.add(("finished" if status == "succeeded" else "failed", job_id, attempts))
+        assert {key for key in counts if key[1] == job_id} == expected, task
+
+    def jobs_named(name: str) -> list[int]:
+        return sorted(i for i in new_ids if jobs[i][0] == f"testproject.demo.tasks.{name}")
+
+    # The retry: attempt 1 fails, attempt 2 succeeds.
+    (retry,) = jobs_named("flaky_report")
+    assert jobs[retry][1:3] == ("succeeded", 2)
+    # The failure: failed, once.
+    (failing,) = jobs_named("parse_upload")
+    assert jobs[failing][1:3] == ("failed", 1)
+    # The deferred job waited for its run_after.
+    (deferred,) = jobs_named("send_reminder")
+    assert (jobs[deferred][4] - jobs[deferred][3]).total_seconds() >= 3
+    # The keyed pair: the second starts only after the first has finished.
+    first, second = jobs_named("sync_account")
+    lines = output.splitlines()
+    finished_first = next(i for i, line in enumerate(lines) if f"finished {first}" in norm(line))
+    started_second = next(i for i, line in enumerate(lines) if f"started {second}" in norm(line))
+    assert finished_first < started_second
+    # The unique job enqueued twice is one job; the batch's callback ran once.
+    assert len(jobs_named("rebuild_index")) == 1
+    assert len(jobs_named("import_done")) == 1
+    assert len(re.findall(r"batch \d+ done: 4 imported, 0 failed", output)) == 1
+    # The summary, from the database's own counts.
+    statuses = Counter(jobs[i][1] for i in new_ids)
+    assert (
+        f"Jobs by status: succeeded {statuses['succeeded']}, failed {statuses['failed']}" in output
+    )
+    assert "Every job of the tour has ended" in output
+    assert "testproject/manage.py runserver" in output
+    assert "http://127.0.0.1:8000/admin/django_jobs/" in output
+
+
+def flat(output: str) -> str:
+    """The demo wraps its own lines; phrases are looked for with whitespace collapsed."""
+    return " ".join(output.split())
+
+
+def norm(line: str) -> str:
+    """'job finished task=x job=12 attempt=1' -> 'finished 12', for finding one event's line."""
+    match = EVENT.search(line)
+    return f"{match[1]} {match[3]}" if match else ""
+
+
+def test_the_demo_runs_every_job_logs_each_event_once_and_stops_by_itself(tmp_path):
+    db_path = tmp_path / "demo.sqlite3"
+    output = run_demo(db_path)
+    jobs = jobs_of(db_path)
+    check_run(output, jobs, set(jobs))
+    assert "log in as admin / admin (a superuser the demo created)" in flat(output)
+    with sqlite3.connect(db_path) as db:
+        assert db.execute("SELECT is_superuser FROM auth_user WHERE username = 'admin'").fetchall()
+    # Run again on the same database, as a user running the README's command twice does.
+    again = run_demo(db_path)
+    jobs_after = jobs_of(db_path)
+    check_run(again, jobs_after, set(jobs_after) - set(jobs))
+    assert "log in as admin / admin." in flat(again)
+
+
+def test_ctrl_c_stops_the_demo_early_and_cleanly(tmp_path):
+    log_path = tmp_path / "demo.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(MANAGE), "demo"],
+            cwd=REPO_ROOT,
+            env=demo_env(tmp_path / "demo.sqlite3"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            # The keyed pair takes turns for 2 s and the deferred job waits 3 s: a Ctrl-C
+            # once the first job has started comes before the tour has ended.
+            wait_until(lambda: "job started" in log_path.read_text(), TIMEOUT, what="a job started")
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    output = log_path.read_text()
+    assert code == 0, output
+    text = flat(output)
+    assert "shutting down gracefully (SIGINT)" in text
+    assert "Stopped early:" in text
+    assert "Every job of the tour has ended" not in text
+    assert "Traceback" not in text, output
+    assert "http://127.0.0.1:8000/admin/django_jobs/" in text
