@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from django_jobs.maintenance import clear_finished_jobs, reconcile_blocked_keys
 from django_jobs.models import (
+    Batch,
     BlockedExecution,
     FailedExecution,
     Job,
@@ -71,3 +72,19 @@ def test_reconcile_never_admits_past_the_limit():
     assert reconcile_blocked_keys("default") == 0
     assert Semaphore.objects.get(key=key).value == 0
     assert BlockedExecution.objects.count() == 1
+
+
+def test_the_dispatchers_prune_is_prune_jobs_pruning_batches_included():
+    """clear_finished_jobs (the dispatcher's) goes through prune_finished_jobs: completed
+    batches go with the jobs, except one whose callback has not ended yet."""
+    old = timezone.now() - timedelta(days=8)
+    FinishedJobFactory.create_batch(2, finished_at=old)
+    done = Batch.objects.create(total=2, pending=0, succeeded=2, finished_at=old)
+    waiting_callback = ReadyExecutionFactory().job
+    callback_pending = Batch.objects.create(
+        total=1, pending=0, finished_at=old, callback_jobs={"on_finish": waiting_callback.pk}
+    )
+    assert clear_finished_jobs("default", older_than=86400 * 7) == 2
+    assert set(Batch.objects.values_list("pk", flat=True)) == {callback_pending.pk}
+    assert not Batch.objects.filter(pk=done.pk).exists()
+    assert set(Job.objects.values_list("pk", flat=True)) == {waiting_callback.pk}
