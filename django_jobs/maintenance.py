@@ -63,6 +63,7 @@ def prune_finished_jobs(
     batches: bool = True,
     dry_run: bool = False,
     on_batch: Callable[[PruneCounts], None] | None = None,
+    max_rounds: int | None = None,
 ) -> PruneCounts:
     """Delete jobs of ``statuses`` (finished ones only) that finished before ``cutoff``.
 
@@ -76,6 +77,9 @@ def prune_finished_jobs(
     (ready again) is never deleted. A finished job has no ready, scheduled,
     blocked or claimed row, so the hot execution tables are not touched at all.
     ``on_batch`` is called after each commit with the running totals.
+    ``max_rounds`` caps the job transactions of this call (None: until none are
+    left), for a caller with other work to get back to; the rest waits for the
+    next call, and batches are then left for a call that finishes the jobs.
 
     ``dry_run`` counts what would go and deletes nothing.
     """
@@ -86,11 +90,15 @@ def prune_finished_jobs(
     counts = PruneCounts()
     if dry_run:
         return count_prunable(db, cutoff, statuses, batches=batches)
+    rounds = 0
     while ids := prune_round(db, cutoff, statuses, batch_size, counts):
+        rounds += 1
         if on_batch is not None:
             on_batch(counts)
         if len(ids) < batch_size:
             break
+        if max_rounds is not None and rounds >= max_rounds:
+            return counts
     if batches:
         prune_batches(db, cutoff, batch_size, counts, on_batch)
     return counts

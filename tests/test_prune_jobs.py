@@ -231,6 +231,20 @@ def test_each_batch_is_committed_on_its_own():
     assert (counts.total_jobs, counts.failures) == (25, 25)
 
 
+@pytest.mark.django_db
+def test_max_rounds_stops_early_and_the_next_call_goes_on():
+    old = ago(8 * DAY)
+    for _ in range(7):
+        finished(JobStatus.SUCCEEDED, old)
+    batch = Batch.objects.create(total=7, pending=0, succeeded=7, finished_at=old)
+    first = prune_finished_jobs("default", ago(7 * DAY), batch_size=3, max_rounds=2)
+    assert (first.total_jobs, first.batches) == (6, 0)
+    assert Job.objects.count() == 1 and Batch.objects.filter(pk=batch.pk).exists()
+    rest = prune_finished_jobs("default", ago(7 * DAY), batch_size=3, max_rounds=2)
+    assert (rest.total_jobs, rest.batches) == (1, 1)
+    assert not Job.objects.exists() and not Batch.objects.exists()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_job_retried_meanwhile_is_kept_with_its_history():
     old = ago(8 * DAY)
