@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from zoneinfo import ZoneInfo
 
+import django
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
@@ -13,7 +15,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.csp import CSP
 
+from django_jobs import enqueue_batch
 from django_jobs import task as jobs_task
 from django_jobs.admin import filters, pagination
 from django_jobs.claims import claim_jobs, start_job
@@ -23,6 +27,7 @@ from django_jobs.models import (
     Job,
     JobStatus,
     Pause,
+    Process,
     ReadyExecution,
     Semaphore,
 )
@@ -97,9 +102,9 @@ def test_dashboard_counts_chart_processes_and_paused_queues(admin_client):
     response = admin_client.get(page("dashboard"))
     assert response.status_code == 200
     queues = {q["name"]: q for q in response.context["queues"]}
-    # ready, scheduled, blocked, running, failed (1h), finished (1h)
-    assert queues["emails"]["counts"] == [3, 1, 0, 0, 1, 5]
-    assert queues["default"]["counts"] == [0, 0, 0, 1, 0, 0]
+    # ready, scheduled, blocked, running, succeeded (1h), failed (1h), discarded (1h)
+    assert queues["emails"]["counts"] == [3, 1, 0, 0, 4, 1, 0]
+    assert queues["default"]["counts"] == [0, 0, 0, 1, 0, 0, 0]
     assert queues["reports"]["paused"] and not queues["emails"]["paused"]
     chart = response.context["chart"]
     assert (chart["succeeded"], chart["failed"], chart["peak"]) == (4, 1, 5)
@@ -200,7 +205,7 @@ def test_job_page_shows_arguments_attempts_tracebacks_timeline_and_execution(adm
     assert "needle-in-args" in body
     assert "Attempt 1" in body and "Attempt 2" in body and "KeyError" in body
     assert "Enqueued" in body and "Finished" in body
-    assert "None: the job is failed" in body
+    assert "None: the job has finished (it failed)" in body
     assert "Retry" in body and "Discard" in body
 
     ready = ReadyExecutionFactory(job__queue_name="emails").job
@@ -366,3 +371,240 @@ def test_actions_need_a_csrf_token(admin_user):
     assert client.post(reverse("admin:django_jobs_dashboard_pause"), {"queue": "x"}).status_code
     assert Job.objects.get(pk=job.pk).status == JobStatus.FAILED
     assert not Pause.objects.exists()
+
+
+# --- the polish of issue 15 -------------------------------------------------------------
+
+
+def test_breadcrumbs_use_the_markup_the_running_django_styles(admin_client):
+    """Django 6.1 styles <ol class="breadcrumbs"> only; 6.0 <div class="breadcrumbs">."""
+    job = failed_job()
+    batch = enqueue_batch([(tasks.add, [1, 2], {})], description="b")
+    blocked = [int(one_at_a_time.enqueue(1).id) for _ in range(2)][1]
+    pages = [
+        *(page(name) for name in ("dashboard", "blockedkey", "stuckjob", "recurringtask")),
+        job_url(job.pk),
+        job_url(blocked, "run_now"),
+        reverse("admin:django_jobs_batch_change", args=[batch.id]),
+    ]
+    ours, other = (
+        ('<ol class="breadcrumbs">', '<div class="breadcrumbs">')
+        if django.VERSION >= (6, 1)
+        else ('<div class="breadcrumbs">', '<ol class="breadcrumbs">')
+    )
+    for url in pages:
+        html = admin_client.get(url).content.decode()
+        assert ours in html and other not in html, url
+        trail = html.split(ours, 1)[1].split("</nav>", 1)[0]
+        assert reverse("admin:app_list", args=["django_jobs"]) in trail, url
+    detail = admin_client.get(job_url(job.pk)).content.decode()
+    assert f'href="{page("job")}"' in detail.split("</nav>", 1)[0]
+
+
+def test_the_job_page_says_why_it_has_no_execution_row_in_plain_words(admin_client):
+    succeeded = FinishedJobFactory()
+    discarded = FinishedJobFactory(status=JobStatus.DISCARDED)
+    body = text(admin_client.get(job_url(succeeded.pk)))
+    assert "None: the job has finished (it succeeded)" in body
+    assert "the job is succeeded" not in body and "None: the job is" not in body
+    body = text(admin_client.get(job_url(discarded.pk)))
+    assert "None: the job has finished (it was discarded)" in body
+    # A row that moved between the job's read and the execution tables' read.
+    lost = JobFactory(status=JobStatus.READY)
+    assert "None, although the job is ready" in text(admin_client.get(job_url(lost.pk)))
+
+
+def test_the_stuck_page_knows_whether_a_dispatcher_is_running(admin_client):
+    def said() -> tuple[str, str]:
+        response = admin_client.get(page("stuckjob"))
+        kinds = {k["name"]: k for k in response.context["kinds"]}
+        return response.context["dispatcher_status"], kinds["scheduled_long_past_due"]["status"]
+
+    status, overdue = said()
+    assert status.startswith("No dispatcher is running") and "start run_jobs" in overdue
+
+    # A dispatcher registered as run_jobs registers it, heartbeating.
+    dispatcher = register_process("default", "dispatcher", metadata={"queues": ["*"]})
+    status, overdue = said()
+    assert status == f"A dispatcher is running: {dispatcher.name}."
+    assert "No dispatcher" not in text(admin_client.get(page("stuckjob")))
+    assert overdue.startswith("A dispatcher is running, so it is falling behind")
+
+    # Past the alive threshold it no longer counts.
+    Process.objects.filter(pk=dispatcher.pk).update(
+        last_heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
+    assert said()[0].startswith("No dispatcher is running")
+
+    # run_jobs --single-process: one worker row, whose dispatcher is a thread.
+    single = register_process(
+        "default", "worker", metadata={"queues": ["*"], "threads": 2, "single_process": True}
+    )
+    assert said()[0] == f"A dispatcher is running: {single.name}."
+    # A plain worker is no dispatcher.
+    Process.objects.filter(pk=single.pk).update(metadata={"queues": ["*"], "threads": 2})
+    assert said()[0].startswith("No dispatcher is running")
+
+
+DEFAULT_DATE = re.compile(
+    r"\b(Jan|Feb|March|April|May|June|July|Aug|Sept|Oct|Nov|Dec)\.? \d{1,2}, \d{4}|[ap]\.m\."
+)
+ONE_DATE = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}$")
+
+
+def dates_of(html: str) -> list[str]:
+    """The visible text of every <time> element of a page."""
+    return [
+        re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", inner)).strip()
+        for inner in re.findall(r"<time [^>]*>(.*?)</time>", html, re.S)
+    ]
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Paris"])
+def test_every_page_shows_dates_in_one_format_in_the_zone_it_names(admin_client, settings, zone):
+    settings.TIME_ZONE = zone
+    settings.DJANGO_JOBS = {
+        **settings.DJANGO_JOBS,
+        "recurring": {"nightly": {"task": "tests.tasks.add", "schedule": "0 3 * * *"}},
+    }
+    now = timezone.now()
+    failed = failed_job()
+    worker = ProcessFactory(metadata={"queues": ["*"], "threads": 1})
+    claimed = JobFactory(status=JobStatus.RUNNING, started_at=now, last_attempted_at=now)
+    ClaimedExecution.objects.create(job=claimed, process=worker, lease_expires_at=now)
+    scheduled = ScheduledExecutionFactory(scheduled_at=now - timedelta(hours=2)).job_id
+    holder, blocked = (int(one_at_a_time.enqueue(1).id) for _ in range(2))
+    batch = enqueue_batch([(tasks.add, [1, 2], {})], description="b")
+    pages = [
+        *(page(name) for name in ("dashboard", "job", "blockedkey", "stuckjob", "process")),
+        page("recurringtask"),
+        page("batch"),
+        *(job_url(pk) for pk in (failed.pk, claimed.pk, scheduled, holder, blocked)),
+        reverse("admin:django_jobs_process_change", args=[worker.pk]),
+        reverse("admin:django_jobs_batch_change", args=[batch.id]),
+    ]
+    for url in pages:
+        response = admin_client.get(url)
+        html = response.content.decode()
+        assert response.status_code == 200, url
+        assert not DEFAULT_DATE.search(text(response)), (url, DEFAULT_DATE.search(text(response)))
+        assert not re.search(r"\d{2}:\d{2}:\d{2}\.\d{6}", text(response)), url  # no microseconds
+        for shown in dates_of(html):
+            assert ONE_DATE.match(shown), (url, shown)
+        if url != reverse("admin:django_jobs_process_change", args=[worker.pk]):
+            assert f"Times in {zone}" in text(response), url
+    # In the zone named: the job's enqueue time as a clock there reads it.
+    local = timezone.localtime(failed.enqueued_at, ZoneInfo(zone))
+    assert f"{local:%Y-%m-%d %H:%M:%S}" in dates_of(
+        admin_client.get(job_url(failed.pk)).content.decode()
+    )
+
+
+def test_the_job_list_shows_a_key_without_the_task_path_it_repeats(admin_client):
+    keyed = int(one_at_a_time.enqueue(1).id)
+    grouped = JobFactory(concurrency_key="billing/acct:9")  # a concurrency_group's key
+    html = admin_client.get(page("job")).content.decode()
+    rows = html.split('id="result_list"', 1)[1].split("</table>", 1)[0]
+    assert f'<span class="jobs-key" title="{KEY}">acct:1</span>' in rows
+    assert f">{KEY}<" not in rows
+    assert '<span class="jobs-key" title="billing/acct:9">billing/acct:9</span>' in html
+    # The task column is the job's id and task name, the full path in its title.
+    assert f'#{keyed} <span class="jobs-task" title="tests.tasks.echo">echo</span>' in html
+    assert grouped.pk
+
+
+def test_lists_are_titled_by_their_name_and_the_app_index_offers_no_change_links(admin_client):
+    index = admin_client.get(reverse("admin:app_list", args=["django_jobs"])).content.decode()
+    for name in (*PAGES, "recurringtask", "batch"):
+        row = re.search(rf'<tr class="model-{name}[^"]*">(.*?)</tr>', index, re.S)
+        assert row, name
+        assert "changelink" not in row.group(1) and "addlink" not in row.group(1), name
+        assert "viewlink" in row.group(1), name
+    for name, title in (("job", "Jobs"), ("batch", "Batches"), ("process", "Processes")):
+        body = text(admin_client.get(page(name)))
+        assert f"<h1>{title}</h1>" in admin_client.get(page(name)).content.decode(), name
+        assert "to change" not in body and "to view" not in body, name
+    # Still the actions for who may act: no change permission is needed for them.
+    listing = admin_client.get(page("job"))
+    assert {"retry_selected", "discard_selected", "run_selected_now"} <= {
+        name for name, _ in listing.context["action_form"].fields["action"].choices
+    }
+
+
+def test_the_dashboard_counts_outcomes_as_its_chart_does(admin_client):
+    now = timezone.now()
+    FinishedJobFactory.create_batch(3, queue_name="emails", finished_at=now)
+    FinishedJobFactory.create_batch(
+        2, queue_name="emails", status=JobStatus.FAILED, finished_at=now
+    )
+    FinishedJobFactory(queue_name="emails", status=JobStatus.DISCARDED, finished_at=now)
+    FinishedJobFactory(queue_name="reports", status=JobStatus.FAILED, finished_at=now)
+    # Before the chart's first minute though within the hour: neither counts it.
+    first_minute = now.replace(second=0, microsecond=0) - timedelta(minutes=59)
+    FinishedJobFactory(queue_name="emails", finished_at=first_minute - timedelta(seconds=1))
+    response = admin_client.get(page("dashboard"))
+    columns = response.context["columns"]
+    assert list(columns[-3:]) == ["Succeeded (1h)", "Failed (1h)", "Discarded (1h)"]
+    assert not any("Finished" in c for c in columns)
+    totals = dict(zip(columns, response.context["totals"], strict=True))
+    chart = response.context["chart"]
+    assert (totals["Succeeded (1h)"], totals["Failed (1h)"]) == (chart["succeeded"], 3)
+    assert chart["failed"] == 3 and chart["succeeded"] == 3
+    assert totals["Discarded (1h)"] == 1
+
+
+def test_processes_show_the_queues_they_serve(admin_client):
+    # What run_jobs writes when a process registers (runner/registration.py).
+    worker = register_process(
+        "default", "worker", metadata={"queues": ["emails", "reports*"], "threads": 4}
+    )
+    dispatcher = register_process("default", "dispatcher", metadata={"queues": ["*"]})
+    dashboard = admin_client.get(page("dashboard")).content.decode()
+    row = re.search(rf'<tr id="process-{worker.pk}">(.*?)</tr>', dashboard, re.S).group(1)
+    assert '<td class="jobs-queues">emails, reports* · 4 threads</td>' in row
+    row = re.search(rf'<tr id="process-{dispatcher.pk}">(.*?)</tr>', dashboard, re.S).group(1)
+    assert '<td class="jobs-queues">\u2013</td>' in row  # a dispatcher claims nothing
+    listing = text(admin_client.get(page("process")))
+    assert "emails, reports* · 4 threads" in listing
+
+
+def test_the_pages_that_refresh_themselves_load_one_static_script(admin_client):
+    for name in ("dashboard", "job", "blockedkey", "stuckjob"):
+        html = admin_client.get(page(name)).content.decode()
+        assert html.count("django_jobs/refresh.js") == 1, name
+        assert 'id="jobs-refresh" data-seconds="10"' in html, name
+        assert re.search(r'<span class="jobs-refresh" id="jobs-refresh"[^>]* hidden>', html), name
+    # A search in the arguments reads every job: never on a timer.
+    html = admin_client.get(page("job") + "?q=needle").content.decode()
+    assert "django_jobs/refresh.js" not in html
+    assert "Not refreshed by itself while searching the arguments" in html
+    assert "django_jobs/refresh.js" in admin_client.get(page("job") + "?q=12").content.decode()
+    for name in ("recurringtask", "process"):
+        assert "django_jobs/refresh.js" not in admin_client.get(page(name)).content.decode()
+
+
+def test_the_refresh_script_carries_the_csp_nonce(admin_user, settings):
+    settings.MIDDLEWARE = [
+        *settings.MIDDLEWARE,
+        "django.middleware.csp.ContentSecurityPolicyMiddleware",
+    ]
+    settings.SECURE_CSP = {"default-src": [CSP.SELF], "script-src": [CSP.SELF, CSP.NONCE]}
+    engine = settings.TEMPLATES[0]
+    settings.TEMPLATES = [
+        {
+            **engine,
+            "OPTIONS": {
+                **engine["OPTIONS"],
+                "context_processors": [
+                    *engine["OPTIONS"]["context_processors"],
+                    "django.template.context_processors.csp",
+                ],
+            },
+        }
+    ]
+    client = Client()
+    client.force_login(admin_user)
+    response = client.get(page("dashboard"))
+    nonce = re.search(r"'nonce-([^']+)'", response["Content-Security-Policy"]).group(1)
+    tag = re.search(r'<script src="[^"]*django_jobs/refresh.js"[^>]*>', response.content.decode())
+    assert tag and f'nonce="{nonce}"' in tag.group(0)

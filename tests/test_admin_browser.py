@@ -21,6 +21,8 @@ from django.utils import timezone
 
 from django_jobs import enqueue_batch
 from django_jobs import task as jobs_task
+from django_jobs.admin.dashboard import DashboardAdmin
+from django_jobs.admin.jobs import JobAdmin
 from django_jobs.claims import claim_jobs, finish_job, start_job
 from django_jobs.models import (
     ClaimedExecution,
@@ -125,8 +127,8 @@ def test_log_in_and_read_the_dashboard(page):
     page.click("text=Dashboard")
     page.wait_for_url("**/admin/django_jobs/dashboard/")
     row = page.locator("#queue-emails")
-    # ready, scheduled, blocked, running, failed (1h), finished (1h)
-    assert row.locator("td.jobs-num").all_inner_texts() == ["2", "0", "0", "0", "1", "4"]
+    # ready, scheduled, blocked, running, succeeded (1h), failed (1h), discarded (1h)
+    assert row.locator("td.jobs-num").all_inner_texts() == ["2", "0", "0", "0", "3", "1", "0"]
     assert page.locator("svg.jobs-chart rect.ok").count() == 1
     assert page.locator("svg.jobs-chart rect.failed").count() == 1
     assert "box-1" in page.locator("#processes").inner_text()
@@ -141,7 +143,7 @@ def test_filter_the_job_list(page):
     page.wait_for_url("**status__exact=failed**")
     rows = page.locator("#result_list tbody tr")
     assert rows.count() == 1
-    assert rows.first.locator("th a").inner_text() == str(failed.pk)
+    assert rows.first.locator("th a").inner_text() == f"#{failed.pk} add"
 
 
 def test_retry_a_failed_job(page):
@@ -186,7 +188,10 @@ def test_pause_and_resume_a_queue(page):
 def test_the_stuck_page_shows_a_planted_stuck_job(page):
     dead = ProcessFactory(last_heartbeat_at=timezone.now() - timedelta(hours=1))
     claim = ClaimedExecution.objects.create(job=JobFactory(status=JobStatus.RUNNING), process=dead)
+    dispatcher = register_process("default", "dispatcher", metadata={"queues": ["*"]})
     log_in(page, "ops", path="/admin/django_jobs/stuckjob/")
+    assert page.inner_text("#dispatcher-status") == f"A dispatcher is running: {dispatcher.name}."
+    assert "No dispatcher" not in page.inner_text("#content")
     section = page.locator("#stuck-claimed_by_dead_process")
     assert section.locator(".jobs-stuck-count").inner_text() == "1"
     section.get_by_role("link", name=f"#{claim.job_id}").click()
@@ -196,7 +201,9 @@ def test_the_stuck_page_shows_a_planted_stuck_job(page):
 def test_run_a_recurring_task_now_and_follow_a_batch(page, settings):
     settings.DJANGO_JOBS = {
         **settings.DJANGO_JOBS,
-        "recurring": {"nightly": {"task": "tests.tasks.echo", "schedule": "0 3 * * *"}},
+        "recurring": {
+            "nightly": {"task": "tests.tasks.echo", "schedule": "0 3 * * *", "args": ["x"]}
+        },
     }
     batch = enqueue_batch(
         [(batch_tasks.item, [n], {}) for n in range(3)],
@@ -247,3 +254,130 @@ def test_a_view_only_user_sees_the_job_but_cannot_act(page):
     )
     assert status == 403
     assert Job.objects.get(pk=job.pk).status == JobStatus.FAILED
+
+
+# --- the polish of issue 15 -------------------------------------------------------------
+
+
+def breadcrumbs_style(page) -> dict:
+    return page.evaluate(
+        """() => {
+            const crumbs = document.querySelector("nav[aria-label] .breadcrumbs");
+            const style = getComputedStyle(crumbs);
+            return {tag: crumbs.tagName, background: style.backgroundColor,
+                    padding: style.paddingLeft, color: style.color};
+        }"""
+    )
+
+
+def test_breadcrumbs_look_like_the_admins_own(page):
+    job = FailedExecutionFactory(job__finished_at=timezone.now()).job
+    batch = enqueue_batch([(tasks.add, [1, 2], {})], description="b")
+    log_in(page, "ops", path="/admin/django_jobs/")
+    admins_own = breadcrumbs_style(page)  # Django's own app index
+    assert admins_own["background"] != "rgba(0, 0, 0, 0)"
+    for path in (
+        "/admin/django_jobs/dashboard/",
+        "/admin/django_jobs/blockedkey/",
+        "/admin/django_jobs/stuckjob/",
+        "/admin/django_jobs/recurringtask/",
+        f"/admin/django_jobs/job/{job.pk}/change/",
+        f"/admin/django_jobs/batch/{batch.id}/change/",
+    ):
+        page.goto(page.base_url + path)
+        assert breadcrumbs_style(page) == admins_own, path
+    crumbs = page.locator("nav[aria-label] .breadcrumbs")
+    assert crumbs.locator("a").all_inner_texts() == ["Home", "Jobs", "Batches"]
+    assert crumbs.inner_text().strip().endswith(f"#{batch.id}")
+
+
+def test_the_job_list_fits_its_area_and_shows_keys_without_the_task_path(page):
+    for n in range(3):
+        one_at_a_time.enqueue(12345678 + n)
+    FailedExecutionFactory(
+        job__finished_at=timezone.now(),
+        job__task_path="myproject.billing.tasks.charge_customer_card_for_invoice",
+    )
+    log_in(page, "ops", path="/admin/django_jobs/job/")  # 1280 px wide, with the nav sidebar
+    results = page.locator("#changelist .results")
+    widths = results.evaluate("el => [el.scrollWidth, el.clientWidth]")
+    assert widths[0] <= widths[1], f"the list is {widths[0]} px wide in {widths[1]} px"
+    key = page.locator("#result_list .jobs-key").first
+    assert key.inner_text() == "acct:12345680"
+    assert key.get_attribute("title") == "tests.tasks.echo/acct:12345680"
+    task = page.locator("#result_list .jobs-task").first
+    assert task.get_attribute("title") == "myproject.billing.tasks.charge_customer_card_for_invoice"
+
+
+def ticks(page) -> int:
+    return page.evaluate("Number(document.documentElement.dataset.jobsRefreshTicks || 0)")
+
+
+def wait_for_ticks(page, n: int) -> None:
+    """Until the refresh timer has fired ``n`` more times (whatever it then did)."""
+    page.wait_for_function(
+        "n => Number(document.documentElement.dataset.jobsRefreshTicks || 0) >= n",
+        arg=ticks(page) + n,
+    )
+
+
+def test_the_dashboard_refreshes_itself_while_nobody_uses_it(page, monkeypatch):
+    monkeypatch.setattr(DashboardAdmin, "refresh_seconds", 1)
+    log_in(page, "ops", path="/admin/django_jobs/dashboard/")
+    toggle = page.locator("#jobs-refresh-toggle")
+    assert toggle.is_visible() and toggle.is_checked()
+    ready = page.locator("#queue-emails td.jobs-num").first
+    ReadyExecutionFactory(job__queue_name="emails")
+    playwright.expect(ready).to_have_text("1")
+    assert page.evaluate("document.documentElement.dataset.jobsRefreshes") is not None
+
+    # Typing a queue name to pause: the page stays as it is, and says why.
+    page.fill("#pause-queue", "repo")
+    ReadyExecutionFactory(job__queue_name="emails")
+    wait_for_ticks(page, 2)
+    assert ready.inner_text() == "1"
+    assert page.input_value("#pause-queue") == "repo"
+    assert "Paused: a field has the focus" in page.inner_text("#jobs-refresh-status")
+    page.fill("#pause-queue", "")
+    page.locator("#pause-queue").blur()
+    playwright.expect(ready).to_have_text("2")
+
+    # Switched off, it stays off, across a reload too.
+    page.locator("#jobs-refresh-toggle").uncheck()
+    ReadyExecutionFactory(job__queue_name="emails")
+    wait_for_ticks(page, 2)
+    assert ready.inner_text() == "2"
+    page.reload()
+    playwright.expect(ready).to_have_text("3")
+    assert not page.locator("#jobs-refresh-toggle").is_checked()
+    ReadyExecutionFactory(job__queue_name="emails")
+    wait_for_ticks(page, 2)
+    assert ready.inner_text() == "3"
+    page.locator("#jobs-refresh-toggle").check()
+    playwright.expect(ready).to_have_text("4")
+
+
+def test_the_job_list_reloads_itself_unless_a_row_is_ticked(page, monkeypatch):
+    monkeypatch.setattr(JobAdmin, "refresh_seconds", 1)
+    JobFactory.create_batch(2)
+    log_in(page, "ops", path="/admin/django_jobs/job/")
+    rows = page.locator("#result_list tbody tr")
+    JobFactory()
+    playwright.expect(rows).to_have_count(3)
+
+    # A ticked row is a selection in progress: no reload under it.
+    page.evaluate("window.jobsMarker = 'before'")
+    rows.first.locator("input.action-select").check()
+    JobFactory()
+    wait_for_ticks(page, 2)
+    assert rows.count() == 3
+    assert page.evaluate("window.jobsMarker") == "before"
+    assert rows.first.locator("input.action-select").is_checked()
+    assert "Paused: a form is being filled in" in page.inner_text("#jobs-refresh-status")
+
+    rows.first.locator("input.action-select").uncheck()
+    playwright.expect(rows).to_have_count(4)
+    assert page.evaluate("window.jobsMarker") is None  # reloaded, not patched in place
+    # Django's own script still works on the reloaded page.
+    page.locator("#action-toggle").check()
+    playwright.expect(page.locator(".action-counter")).to_have_text("4 of 4 selected")

@@ -1,21 +1,118 @@
-"""The common ground of the jobs admin pages: permissions and page rendering."""
+"""The common ground of the jobs admin pages: permissions, page rendering, breadcrumbs,
+dates and the auto-refresh."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
+import django
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.dateformat import format as format_date
+from django.utils.html import format_html
+from django.utils.translation import gettext
 
 from ..conf import JobsSettings
 from .permissions import can_act_on_jobs, can_view_jobs
 
+# Django 6.1's admin draws breadcrumbs as <ol class="breadcrumbs"><li>…, and its CSS styles
+# only that; 6.0's as <div class="breadcrumbs"> with &rsaquo; between links. Each gets its own.
+BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
+
+# Every date and time on the jobs pages, in the current time zone (which each page names):
+# numeric, so the same in every language, with seconds, which a job's timeline needs.
+# The <time> element's title holds the full ISO 8601 value, microseconds and offset.
+# Its day and its time are two spans, so that a narrow list breaks between them only.
+# templates/admin/django_jobs/time.html renders the same markup in templates.
+DATETIME_FORMAT = "Y-m-d H:i:s"  # the day, a space, the time: see format_datetime
+
+# What a page shows for no value: an en dash, as the templates do.
+EMPTY = "\u2013"
+
+# Seconds between two refreshes of a page that refreshes itself (0: never).
+REFRESH_SECONDS = 10
+
+
+def format_datetime(value: datetime | None, empty: str = EMPTY) -> str:
+    """``value`` as every jobs page shows a date: a ``<time>`` in DATETIME_FORMAT, whose
+    day and time may go on two lines (in a narrow list) but never break inside."""
+    if value is None:
+        return empty
+    local = timezone.template_localtime(value)
+    iso = format_date(local, "c")
+    day, _, time = format_date(local, DATETIME_FORMAT).partition(" ")
+    return format_html(
+        '<time datetime="{}" title="{}"><span>{}</span> <span>{}</span></time>',
+        iso,
+        iso,
+        day,
+        time,
+    )
+
+
+def short_key(key: str | None, prefix: str) -> str:
+    """A concurrency key without the task path it starts with (``task.path/acct:1`` →
+    ``acct:1``). A key of a ``concurrency_group`` keeps its group: it is shared by tasks."""
+    if not key:
+        return ""
+    if prefix and key.startswith(prefix + "/"):
+        return key[len(prefix) + 1 :]
+    return key
+
+
+def key_html(key: str | None, task_path: str) -> str:
+    """The key's own part, the whole key in its title (the list's cells stay narrow)."""
+    if not key:
+        return EMPTY
+    short = short_key(key, task_path)
+    return format_html('<span class="jobs-key" title="{}">{}</span>', key, short)
+
+
+def page_context(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    title: str,
+    *,
+    trail: tuple[tuple[str, str | None], ...] = (),
+    here: str | None = None,
+    refresh: int = 0,
+) -> dict[str, Any]:
+    """What every jobs page's template needs besides its own facts: the admin's context,
+    the breadcrumbs (home, the app, ``trail``, then ``here`` or the title), the time zone
+    the dates are in, and the auto-refresh interval (0: the page does not refresh)."""
+    site = model_admin.admin_site.name
+    opts = model_admin.model._meta
+    crumbs = [
+        (gettext("Home"), reverse(f"{site}:index")),
+        (opts.app_config.verbose_name, reverse(f"{site}:app_list", args=[opts.app_label])),
+        *trail,
+        (here or title, None),
+    ]
+    return {
+        **model_admin.admin_site.each_context(request),
+        "opts": opts,
+        "title": title,
+        "jobs_crumbs": crumbs,
+        "jobs_breadcrumbs_as_list": BREADCRUMBS_AS_LIST,
+        "jobs_time_zone": timezone.get_current_timezone_name(),
+        "jobs_refresh": refresh,
+    }
+
 
 class JobsPermissionsMixin:
-    """Delegates every permission to the ``Job`` model's; nothing is added or deleted here."""
+    """Delegates every permission to the ``Job`` model's; nothing is added or deleted here.
+
+    Nothing is *changed* either, in the admin's sense of a form saving a row: a job, a
+    batch, a recurring task or a key moves only through the pages' actions, which keep
+    the execution rows and semaphores consistent. So the change permission is False
+    (the app index says "View", the lists are not "Select job to change"), and an action
+    asks ``has_act_permission``: the ``change_job`` permission.
+    """
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return can_view_jobs(request)
@@ -24,6 +121,9 @@ class JobsPermissionsMixin:
         return can_view_jobs(request)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_act_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return can_act_on_jobs(request)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -31,6 +131,16 @@ class JobsPermissionsMixin:
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def require_act_permission(self, request: HttpRequest) -> None:
+        if not self.has_act_permission(request):
+            raise PermissionDenied
+
+    def check_can_act(self, request: HttpRequest) -> None:
+        """For an action's view: a POST from a user allowed to act, or 403."""
+        self.require_act_permission(request)
+        if request.method != "POST":
+            raise PermissionDenied
 
     def object_to_show(self, request: HttpRequest, object_id: str, refusal: str) -> Any:
         """The row a read-only detail page shows: GET only (``refusal`` says what to do
@@ -45,11 +155,27 @@ class JobsPermissionsMixin:
         return obj
 
 
+class ListTitleMixin:
+    """A list titled by its name ("Jobs"), not "Select job to change": rows are opened to
+    be read, and acted on through buttons. Its status line names the time zone of its dates."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        context = {
+            "title": self.model._meta.verbose_name_plural.capitalize(),
+            "now": timezone.now(),
+            "jobs_time_zone": timezone.get_current_timezone_name(),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, context)
+
+
 class PageAdmin(JobsPermissionsMixin, admin.ModelAdmin):
     """An admin entry that is one page (dashboard, stuck, blocked), not a table's list."""
 
     template_name = ""
     title = ""
+    # Seconds between the page's own refreshes (0: it never refreshes by itself).
+    refresh_seconds = 0
 
     def jobs_db(self) -> str:
         return JobsSettings.load().database
@@ -73,10 +199,8 @@ class PageAdmin(JobsPermissionsMixin, admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         context = {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "title": self.title,
-            "can_act": self.has_change_permission(request),
+            **page_context(self, request, self.title, refresh=self.refresh_seconds),
+            "can_act": self.has_act_permission(request),
             **self.page_context(request),
             **(extra_context or {}),
         }

@@ -13,12 +13,20 @@ from django.contrib import admin
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
 
 from ..batches import CALLBACK_NAMES
 from ..conf import JobsSettings
 from ..models import Batch, Job
 from . import pagination
-from .base import JobsPermissionsMixin
+from .base import (
+    REFRESH_SECONDS,
+    JobsPermissionsMixin,
+    ListTitleMixin,
+    format_datetime,
+    page_context,
+)
 
 ITEMS_SHOWN = 50
 CHILDREN_SHOWN = 50
@@ -75,7 +83,7 @@ def callback_states(batch: Batch, jobs: dict[int, Job]) -> list[dict[str, Any]]:
 
 
 @admin.register(Batch)
-class BatchAdmin(JobsPermissionsMixin, admin.ModelAdmin):
+class BatchAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
     list_display = (
         "label",
         "id",
@@ -83,8 +91,8 @@ class BatchAdmin(JobsPermissionsMixin, admin.ModelAdmin):
         "succeeded",
         "failed",
         "pending",
-        "created_at",
-        "finished_at",
+        "created",
+        "finished",
     )
     list_display_links = ("label", "id")
     list_filter = (FinishedFilter,)
@@ -94,6 +102,8 @@ class BatchAdmin(JobsPermissionsMixin, admin.ModelAdmin):
     show_full_result_count = False
     paginator = pagination.CappedCountPaginator
     actions = None
+    # A batch's own page follows its progress by itself; the list does not.
+    refresh_seconds = REFRESH_SECONDS
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).using(jobs_db())
@@ -105,6 +115,14 @@ class BatchAdmin(JobsPermissionsMixin, admin.ModelAdmin):
     @admin.display(description="done")
     def progress(self, batch: Batch) -> str:
         return f"{batch.total - batch.pending}/{batch.total}"
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, batch: Batch) -> str:
+        return format_datetime(batch.created_at)
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, batch: Batch) -> str:
+        return format_datetime(batch.finished_at)
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None
@@ -141,10 +159,17 @@ class BatchAdmin(JobsPermissionsMixin, admin.ModelAdmin):
             .order_by("pk")[:CHILDREN_SHOWN]
         )
         done = batch.total - batch.pending
+        batches = reverse(f"{self.admin_site.name}:django_jobs_batch_changelist")
         return {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "title": f"Batch #{batch.pk}: {batch.description or '(no description)'}",
+            **page_context(
+                self,
+                request,
+                f"Batch #{batch.pk}: {batch.description or '(no description)'}",
+                trail=(("Batches", batches),),
+                here=f"#{batch.pk}",
+                refresh=self.refresh_seconds,
+            ),
+            "now": timezone.now(),
             "batch": batch,
             "done": done,
             "percent": round(100 * done / batch.total) if batch.total else 100,

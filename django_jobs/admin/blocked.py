@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
@@ -14,7 +13,7 @@ from django.utils import timezone
 from .. import inspection, operations
 from ..conf import JobsSettings
 from ..models import BlockedExecution, BlockedKey, Process
-from .base import PageAdmin
+from .base import REFRESH_SECONDS, PageAdmin
 
 KEYS_PER_PAGE = 25
 WAITING_SHOWN = 10
@@ -24,6 +23,7 @@ WAITING_SHOWN = 10
 class BlockedKeyAdmin(PageAdmin):
     template_name = "admin/django_jobs/blocked.html"
     title = "Blocked jobs by concurrency key"
+    refresh_seconds = REFRESH_SECONDS
 
     def page_context(self, request: HttpRequest) -> dict[str, Any]:
         db = JobsSettings.load().database
@@ -72,8 +72,7 @@ class BlockedKeyAdmin(PageAdmin):
         ]
 
     def reconcile_view(self, request: HttpRequest) -> HttpResponse:
-        if request.method != "POST" or not self.has_change_permission(request):
-            raise PermissionDenied
+        self.check_can_act(request)
         key = request.POST.get("key", "")
         promoted = operations.reconcile(JobsSettings.load().database, key)
         messages.success(

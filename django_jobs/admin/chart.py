@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.utils import timezone
+from django.utils.dateformat import format as format_date
+
 WIDTH, HEIGHT, BAR_GAP = 600, 120, 1
 
 
@@ -37,8 +40,8 @@ def bars(per_minute: list[dict[str, Any]]) -> dict[str, Any]:
                 failed_y=round(HEIGHT - ok_h - failed_h, 2),
                 failed_height=round(failed_h, 2),
                 title=(
-                    f"{minute['minute']:%H:%M}: {minute['succeeded']} succeeded, "
-                    f"{minute['failed']} failed"
+                    f"{format_date(timezone.template_localtime(minute['minute']), 'H:i')}: "
+                    f"{minute['succeeded']} succeeded, {minute['failed']} failed"
                 ),
             )
         )

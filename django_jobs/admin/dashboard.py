@@ -2,52 +2,84 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 
 from .. import inspection, operations
 from ..conf import JobsSettings
-from ..models import Dashboard, Pause
-from .base import PageAdmin
+from ..models import Dashboard, Job, JobStatus, Pause
+from .base import REFRESH_SECONDS, PageAdmin
 from .chart import bars
+from .processes import process_rows
+
+# The queue table's columns: the execution tables now, then the last hour's outcomes over
+# the chart's own window, so that its succeeded and failed totals are the chart's.
+LIVE_STATES = ("ready", "scheduled", "blocked", "running")
+OUTCOMES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DISCARDED)
+COLUMNS = (
+    *(state.capitalize() for state in LIVE_STATES),
+    *(f"{status.label} (1h)" for status in OUTCOMES),
+)
+
+
+def outcomes_per_queue(db: str, start: datetime, end: datetime) -> dict[str, dict[str, int]]:
+    """Jobs that finished in [start, end) per queue and outcome: the chart's window, read
+    through the ``(status, finished_at)`` index."""
+    rows = (
+        Job.objects.using(db)
+        .filter(status__in=OUTCOMES, finished_at__gte=start, finished_at__lt=end)
+        .values_list("queue_name", "status")
+        .annotate(n=Count("pk"))
+        .values_list("queue_name", "status", "n")
+        .order_by()
+    )
+    counts: dict[str, dict[str, int]] = {}
+    for queue, status, n in rows:
+        counts.setdefault(queue, dict.fromkeys(OUTCOMES, 0))[status] = n
+    return counts
 
 
 @admin.register(Dashboard)
 class DashboardAdmin(PageAdmin):
     template_name = "admin/django_jobs/dashboard.html"
     title = "Jobs dashboard"
+    refresh_seconds = REFRESH_SECONDS
 
     def page_context(self, request: HttpRequest) -> dict[str, Any]:
         conf = JobsSettings.load()
         db = conf.database
         now = timezone.now()
-        counts = inspection.queue_counts(db, now)
+        per_minute = inspection.finished_per_minute(db, now)
+        chart = bars(per_minute)
+        start = per_minute[0]["minute"]
+        outcomes = outcomes_per_queue(db, start, start + timedelta(minutes=len(per_minute)))
+        live = inspection.queue_counts(db, now)
         paused = sorted(Pause.objects.using(db).values_list("queue_name", flat=True))
-        for queue in paused:
-            counts.setdefault(queue, dict.fromkeys(inspection.STATES, 0))
-        totals = dict.fromkeys(inspection.STATES, 0)
-        for row in counts.values():
-            for state, n in row.items():
-                totals[state] += n
+        rows = {}
+        for queue in sorted({*live, *outcomes, *paused}):
+            states = live.get(queue, {})
+            done = outcomes.get(queue, {})
+            counts = [states.get(state, 0) for state in LIVE_STATES]
+            counts += [done.get(status, 0) for status in OUTCOMES]
+            if any(counts) or queue in paused:
+                rows[queue] = counts
+        totals = [sum(column) for column in zip(*rows.values(), strict=True)] if rows else []
         return {
             "now": now,
-            "states": inspection.STATES,
+            "columns": COLUMNS,
             "queues": [
-                {
-                    "name": queue,
-                    "counts": [counts[queue][state] for state in inspection.STATES],
-                    "paused": queue in paused,
-                }
-                for queue in sorted(counts)
+                {"name": queue, "counts": counts, "paused": queue in paused}
+                for queue, counts in rows.items()
             ],
-            "totals": [totals[s] for s in inspection.STATES],
-            "chart": bars(inspection.finished_per_minute(db, now)),
-            "processes": inspection.processes(db, now, conf),
+            "totals": totals or [0] * len(COLUMNS),
+            "chart": chart,
+            "processes": process_rows(db, inspection.processes(db, now, conf)),
             "paused": paused,
         }
 
@@ -65,8 +97,7 @@ class DashboardAdmin(PageAdmin):
         return reverse(f"{self.admin_site.name}:django_jobs_dashboard_changelist")
 
     def queue_from(self, request: HttpRequest) -> str:
-        if request.method != "POST" or not self.has_change_permission(request):
-            raise PermissionDenied
+        self.check_can_act(request)
         return request.POST.get("queue", "").strip()
 
     def pause_view(self, request: HttpRequest) -> HttpResponse:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from .. import operations
@@ -25,7 +26,14 @@ from ..models import (
     ScheduledExecution,
 )
 from . import pagination
-from .base import JobsPermissionsMixin
+from .base import (
+    REFRESH_SECONDS,
+    JobsPermissionsMixin,
+    ListTitleMixin,
+    format_datetime,
+    key_html,
+    page_context,
+)
 from .filters import (
     BatchFilter,
     ConcurrencyKeyFilter,
@@ -47,6 +55,26 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def no_execution(job: Job) -> str:
+    """Why the job's page shows no execution row, in a sentence."""
+    outcome = {
+        JobStatus.SUCCEEDED: "it succeeded",
+        JobStatus.FAILED: "it failed",
+        JobStatus.DISCARDED: "it was discarded",
+    }.get(job.status)
+    if outcome:
+        return f"None: the job has finished ({outcome}), and a finished job keeps no execution row."
+    return (
+        f"None, although the job is {job.get_status_display().lower()}: it may have just "
+        "moved on; reload the page."
+    )
+
+
+def shown(value: Any) -> Any:
+    """A value of the execution row as the page shows it (dates in the pages' one format)."""
+    return format_datetime(value) if isinstance(value, datetime) else value
+
+
 def current_execution(job: Job) -> dict[str, Any] | None:
     """The execution row the job is in now, as label/value pairs for the detail page."""
     db = jobs_db()
@@ -63,8 +91,8 @@ def current_execution(job: Job) -> dict[str, Any] | None:
                     if process
                     else f"#{claim.process_id} (no longer registered)",
                 ),
-                ("Claimed at", claim.created_at),
-                ("Lease expires at", claim.lease_expires_at or "no lease"),
+                ("Claimed at", shown(claim.created_at)),
+                ("Lease expires at", shown(claim.lease_expires_at or "no lease")),
             ],
         }
     for table, model, fields in (
@@ -81,25 +109,22 @@ def current_execution(job: Job) -> dict[str, Any] | None:
             return {
                 "table": table,
                 "rows": [("Queue", row.queue_name), ("Priority", row.priority)]
-                + [(label, getattr(row, name)) for label, name in fields],
+                + [(label, shown(getattr(row, name))) for label, name in fields],
             }
     return None
 
 
 @admin.register(Job)
-class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
+class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
     list_display = (
-        "id",
-        "task_name",
-        "queue_name",
+        "job",
+        "queue",
         "state",
-        "priority",
-        "attempts_display",
-        "concurrency_key",
-        "enqueued_at",
-        "finished_at",
+        "key",
+        "enqueued",
+        "finished",
     )
-    list_display_links = ("id", "task_name")
+    list_display_links = ("job",)
     list_filter = (
         "status",
         QueueFilter,
@@ -117,23 +142,53 @@ class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
     paginator = pagination.CappedCountPaginator
     actions = ("retry_selected", "discard_selected", "run_selected_now")
     change_list_template = "admin/django_jobs/job/change_list.html"
+    # Reloaded, not swapped in place: Django's actions script binds the rows' checkboxes
+    # once, when the page loads.
+    refresh_seconds = REFRESH_SECONDS
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).using(jobs_db())
 
     # --- list columns -----------------------------------------------------------------
 
-    @admin.display(description="task", ordering="task_path")
-    def task_name(self, job: Job) -> str:
-        return job.task_path.rsplit(".", 1)[-1]
+    @admin.display(description="job", ordering="pk")
+    def job(self, job: Job) -> str:
+        """``#id name``: the job's id and its task's name, the task's path in the title."""
+        name = job.task_path.rsplit(".", 1)[-1]
+        return format_html(
+            '#{} <span class="jobs-task" title="{}">{}</span>', job.pk, job.task_path, name
+        )
+
+    @admin.display(description="queue", ordering="queue_name")
+    def queue(self, job: Job) -> str:
+        return job.queue_name
+
+    @admin.display(description="key", ordering="concurrency_key")
+    def key(self, job: Job) -> str:
+        """The key without the task path it repeats; the whole key in the title."""
+        return key_html(job.concurrency_key, job.task_path)
+
+    @admin.display(description="enqueued", ordering="enqueued_at")
+    def enqueued(self, job: Job) -> str:
+        return format_datetime(job.enqueued_at)
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, job: Job) -> str:
+        return format_datetime(job.finished_at)
 
     @admin.display(description="state", ordering="status")
     def state(self, job: Job) -> str:
-        return format_html('<span class="jobs-state jobs-{}">{}</span>', job.status, job.status)
-
-    @admin.display(description="attempts")
-    def attempts_display(self, job: Job) -> str:
-        return f"{job.attempts}/{job.max_attempts}"
+        """The state, then attempts made of those allowed (one column: the list fits)."""
+        return format_html(
+            '<span class="jobs-state jobs-{}">{}</span> '
+            '<span title="attempt {} of {}">{}/{}</span>',
+            job.status,
+            job.status,
+            job.attempts,
+            job.max_attempts,
+            job.attempts,
+            job.max_attempts,
+        )
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str):
         term = search_term.strip().lstrip("#")
@@ -149,17 +204,23 @@ class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None
     ):
         job = self.object_to_show(request, object_id, "use the job's action buttons")
-        can_act = self.has_change_permission(request, job)
+        can_act = self.has_act_permission(request, job)
         context = {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "title": f"Job #{job.pk}: {job.task_path}",
+            **page_context(
+                self,
+                request,
+                f"Job #{job.pk}: {job.task_path}",
+                trail=(("Jobs", self.list_url()),),
+                here=f"#{job.pk}",
+            ),
+            "now": timezone.now(),
             "job": job,
             "args_json": json.dumps(job.args, indent=2, ensure_ascii=False),
             "kwargs_json": json.dumps(job.kwargs, indent=2, ensure_ascii=False),
             "return_json": json.dumps(job.return_value, indent=2, ensure_ascii=False),
             "attempts": job.failures.using(jobs_db()).order_by("attempt", "pk"),
             "execution": current_execution(job),
+            "no_execution": no_execution(job),
             "can_retry": can_act and job.status in RETRYABLE,
             "can_discard": can_act and job.status in DISCARDABLE,
             "can_run_now": can_act and job.status == JobStatus.BLOCKED,
@@ -180,12 +241,27 @@ class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
     def job_url(self, job_id: int) -> str:
         return reverse(f"{self.admin_site.name}:django_jobs_job_change", args=[job_id])
 
-    def check_can_act(self, request: HttpRequest) -> None:
-        if not self.has_change_permission(request):
-            raise PermissionDenied
+    def list_url(self) -> str:
+        return reverse(f"{self.admin_site.name}:django_jobs_job_changelist")
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        """The list, with the line saying which time zone its dates are in and its
+        auto-refresh, which a search in the arguments turns off: that search reads every job."""
+        term = request.GET.get("q", "").strip().lstrip("#")
+        searching = bool(term) and not term.isdigit()
+        context = {
+            "jobs_refresh": 0 if searching else self.refresh_seconds,
+            "jobs_refresh_mode": "reload",
+            "jobs_refresh_off": "Not refreshed by itself while searching the arguments: "
+            "that search reads every job."
+            if searching
+            else "",
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, context)
 
     def retry_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
-        self.check_can_act(request)
+        self.require_act_permission(request)
         if request.method != "POST":
             return HttpResponse(status=405)
         if operations.retry_failed_job(jobs_db(), job_id):
@@ -195,7 +271,7 @@ class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
         return HttpResponseRedirect(self.job_url(job_id))
 
     def discard_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
-        self.check_can_act(request)
+        self.require_act_permission(request)
         if request.method != "POST":
             return HttpResponse(status=405)
         if operations.discard(jobs_db(), job_id):
@@ -209,7 +285,7 @@ class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
 
     def run_now_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
         """GET asks for confirmation (it bypasses the limit); POST does it."""
-        self.check_can_act(request)
+        self.require_act_permission(request)
         job = get_object_or_404(Job.objects.using(jobs_db()), pk=job_id)
         if request.method == "POST":
             return self.run_now(request, [job_id], redirect_to=self.job_url(job_id))
@@ -217,20 +293,20 @@ class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
 
     # --- bulk actions --------------------------------------------------------------------
 
-    @admin.action(description="Retry selected failed jobs", permissions=["change"])
+    @admin.action(description="Retry selected failed jobs", permissions=["act"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         ids = list(queryset.values_list("pk", flat=True))
         done = operations.retry_failed_jobs(jobs_db(), ids)
         self.report(request, done, len(ids), "retried", "they were not failed")
 
-    @admin.action(description="Discard selected waiting or failed jobs", permissions=["change"])
+    @admin.action(description="Discard selected waiting or failed jobs", permissions=["act"])
     def discard_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         ids = list(queryset.values_list("pk", flat=True))
         done = operations.discard_many(jobs_db(), ids)
         self.report(request, done, len(ids), "discarded", "they were running or finished")
 
     @admin.action(
-        description="Run selected blocked jobs now, past their limit", permissions=["change"]
+        description="Run selected blocked jobs now, past their limit", permissions=["act"]
     )
     def run_selected_now(self, request: HttpRequest, queryset: QuerySet):
         if request.POST.get("confirmed") == "yes":
@@ -247,9 +323,9 @@ class JobAdmin(JobsPermissionsMixin, admin.ModelAdmin):
 
     def confirm_run_now(self, request: HttpRequest, jobs: list[Job]) -> TemplateResponse:
         context = {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "title": "Run blocked jobs now?",
+            **page_context(
+                self, request, "Run blocked jobs now?", trail=(("Jobs", self.list_url()),)
+            ),
             "jobs": jobs,
             "blocked": [job for job in jobs if job.status == JobStatus.BLOCKED],
             "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,

@@ -151,8 +151,7 @@ class RecurringTaskAdmin(PageAdmin):
         return reverse(f"{self.admin_site.name}:django_jobs_recurringtask_changelist")
 
     def key_from(self, request: HttpRequest) -> str:
-        if request.method != "POST" or not self.has_change_permission(request):
-            raise PermissionDenied
+        self.check_can_act(request)
         return request.POST.get("key", "")
 
     def run_now_view(self, request: HttpRequest) -> HttpResponse:

@@ -11,7 +11,8 @@ from django.utils import timezone
 from .. import inspection
 from ..conf import JobsSettings
 from ..models import Job, StuckJob
-from .base import PageAdmin
+from .base import REFRESH_SECONDS, PageAdmin, key_html
+from .processes import ProcessRow, process_rows
 
 KINDS = {
     "claimed_by_dead_process": (
@@ -31,7 +32,7 @@ KINDS = {
     ),
     "scheduled_long_past_due": (
         "Scheduled, long past due",
-        "Due jobs are promoted by the dispatcher; none seems to be running.",
+        "Due jobs are promoted by the dispatcher.",
     ),
     "running_far_too_long": (
         "Running far longer than usual",
@@ -41,10 +42,33 @@ KINDS = {
 }
 
 
+def dispatcher_status(dispatchers: list[ProcessRow]) -> str:
+    """Whether a dispatcher is alive: two kinds of stuck job wait for one."""
+    if not dispatchers:
+        return (
+            "No dispatcher is running: nothing promotes due scheduled jobs or recovers the "
+            "claims of dead processes. Start run_jobs."
+        )
+    names = ", ".join(row.info.name for row in dispatchers)
+    return f"A dispatcher is running: {names}."
+
+
+def kind_status(name: str, running: bool) -> str:
+    """What the dispatcher's presence or absence says about one kind of stuck job."""
+    if name == "scheduled_long_past_due":
+        if running:
+            return "A dispatcher is running, so it is falling behind or failing: see its log."
+        return "No dispatcher is running: start run_jobs."
+    if name == "claimed_by_dead_process" and not running:
+        return "No dispatcher is running: start run_jobs."
+    return ""
+
+
 @admin.register(StuckJob)
 class StuckJobAdmin(PageAdmin):
     template_name = "admin/django_jobs/stuck.html"
     title = "Stuck jobs"
+    refresh_seconds = REFRESH_SECONDS
 
     def page_context(self, request: HttpRequest) -> dict[str, Any]:
         conf = JobsSettings.load()
@@ -55,13 +79,22 @@ class StuckJobAdmin(PageAdmin):
         stuck = inspection.stuck_jobs(db, now, conf, procs, keys)
         ids = {job_id for found in stuck.values() for job_id in found}
         jobs = Job.objects.using(db).in_bulk(ids)
+        for job in jobs.values():
+            job.key_html = key_html(job.concurrency_key, job.task_path)
+        # A dispatcher is a process of that kind, or a single-process worker (whose
+        # dispatcher is a thread), with a heartbeat within the alive threshold.
+        dispatchers = [row for row in process_rows(db, procs) if row.dispatches and row.info.alive]
         return {
+            "now": now,
+            "dispatchers": dispatchers,
+            "dispatcher_status": dispatcher_status(dispatchers),
             "sample": inspection.STUCK_SAMPLE,
             "kinds": [
                 {
                     "name": name,
                     "title": title,
                     "help": help_text,
+                    "status": kind_status(name, bool(dispatchers)),
                     "count": len(stuck[name]),
                     "capped": len(stuck[name]) >= inspection.STUCK_SAMPLE,
                     "jobs": [jobs[i] for i in stuck[name] if i in jobs],
