@@ -12,7 +12,8 @@ from django_jobs.claims import claim_jobs
 from django_jobs.models import FailedExecution, Job, JobStatus
 from django_jobs.processes import register_process
 from django_jobs.queues import QueueSelector
-from django_jobs.runner.executor import ExecutionContext, execute_job
+from django_jobs.runner.context import ExecutionContext
+from django_jobs.runner.executor import execute_job
 from django_jobs.runner.lifecycle import Lifecycle
 from tests import tasks
 

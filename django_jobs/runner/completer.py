@@ -32,6 +32,7 @@ from django.tasks.signals import task_finished
 
 from ..claims import finish_jobs
 from ..models import Job
+from .context import ExecutionContext, describe, persist
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -48,8 +49,7 @@ class Success:
 class Completer:
     """A thread that finalises the successes of one worker process's jobs in batches."""
 
-    def __init__(self, ctx, on_written: Callable[[], None]) -> None:
-        # ctx: an executor.ExecutionContext (not imported: the executor imports us)
+    def __init__(self, ctx: ExecutionContext, on_written: Callable[[], None]) -> None:
         self.ctx = ctx
         self.on_written = on_written
         self.changed = threading.Condition()
@@ -102,11 +102,9 @@ class Completer:
             self.on_written()
 
 
-def write_successes(ctx, batch: list[Success]) -> None:
+def write_successes(ctx: ExecutionContext, batch: list[Success]) -> None:
     """Finalise ``batch`` in one transaction (riding out outages), then log and signal
     each success recorded. Also the whole finish of a worker without a completer."""
-    from .executor import persist
-
     values = {success.job.pk: success.value for success in batch}
     done = persist(
         ctx,
@@ -130,8 +128,6 @@ def write_successes(ctx, batch: list[Success]) -> None:
 
 
 def announce(success: Success) -> None:
-    from .executor import describe
-
     job, result = success.job, success.result
     logger.info("job finished %s duration=%.3fs", describe(job), success.duration)
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)

@@ -6,7 +6,6 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from django.db import close_old_connections
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
@@ -19,22 +18,10 @@ from ..loading import load_task
 from ..models import Job, JobStatus
 from ..results import build_result
 from ..serialization import json_return_value
-from .completer import Completer, Success, write_successes
-from .db_retry import retry_until_done
-from .lifecycle import Lifecycle
+from .completer import Success, write_successes
+from .context import ExecutionContext, describe, persist
 
 logger = logging.getLogger("django_jobs.worker")
-
-
-@dataclass
-class ExecutionContext:
-    db: str
-    process_id: int
-    worker_id: str
-    lifecycle: Lifecycle
-    db_retry_max_delay: float
-    # Where successes go to be written in batches; None writes each in its own thread.
-    completer: Completer | None = None
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
@@ -44,10 +31,6 @@ def error_info(exc: BaseException) -> ErrorInfo:
         message=str(exc)[:2000],
         traceback="".join(traceback.format_exception(exc)),
     )
-
-
-def describe(job: Job) -> str:
-    return f"task={job.task_path} job={job.pk} attempt={job.attempts}"
 
 
 def execute_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> None:
@@ -67,18 +50,6 @@ def execute_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> No
         )
     finally:
         close_old_connections()
-
-
-def persist(ctx: ExecutionContext, what: str, action):
-    # Keep trying through a database outage until an immediate stop: the job
-    # ran, and losing its outcome would make recovery run it again.
-    return retry_until_done(
-        ctx.db,
-        what,
-        action,
-        give_up=ctx.lifecycle.immediate.is_set,
-        max_delay=ctx.db_retry_max_delay,
-    )
 
 
 def start_once(jobs: list[Job], ctx: ExecutionContext) -> Callable[[], list[Job]]:

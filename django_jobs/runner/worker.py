@@ -18,8 +18,9 @@ from ..models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution
 from ..queues import QueueSelector
 from ..scheduling import promote_due_jobs
 from .completer import Completer
+from .context import ExecutionContext
 from .db_retry import DB_ERRORS, Backoff, reset_connection, retry_until_done
-from .executor import ExecutionContext, execute_job, start_claimed
+from .executor import execute_job, start_claimed
 from .lifecycle import Lifecycle
 from .listener import start_listener
 
