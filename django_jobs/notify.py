@@ -13,9 +13,11 @@ nobody; each process has one notifier per database alias instead:
   has committed, and never if it rolls back. In autocommit that is at once.
 - A daemon thread (started by the first such commit of the process, so never
   at import and never before a web server forks) holds a psycopg connection of
-  its own, never one of Django's, and sends one ``pg_notify`` per round for
-  everything handed over while it was busy with the previous round: under load,
-  many enqueues share one notification.
+  its own, never one of Django's, to the alias the jobs were written through,
+  and sends one ``pg_notify`` per round for everything handed over since the
+  last, rounds at least :data:`MIN_INTERVAL` apart: under load, many enqueues
+  share one notification. (Not ``listen_notify``'s alias: that one exists to
+  bypass PgBouncer for LISTEN, and a NOTIFY needs no session of its own.)
 - That statement is its own transaction and sets ``synchronous_commit = off``
   for itself alone (``set_config(..., true)``: safe behind PgBouncer in
   transaction pooling, where a session setting would leak to other clients). A
@@ -49,6 +51,9 @@ from django.conf import settings
 from django.db import connections
 from django.db.transaction import TransactionManagementError
 
+from .conf import JobsSettings
+from .runner.db_retry import Backoff
+
 logger = logging.getLogger("django_jobs.notify")
 
 CHANNEL = "django_jobs_ready"  # what workers LISTEN on (runner.listener)
@@ -58,10 +63,25 @@ APPLICATION_NAME = "django-jobs notifier"
 MAX_PAYLOAD = 7900
 # One statement, one transaction: the commit does not wait for the WAL flush.
 NOTIFY_SQL = "SELECT set_config('synchronous_commit', 'off', true), pg_notify(%s, %s)"
+# Seconds between two notifications of one process at least: what is handed over
+# meanwhile goes out with the next one, and the first after a quiet spell at once. Each
+# notification wakes every listening worker process; more often than a worker can claim
+# would wake them for nothing.
+MIN_INTERVAL = 0.005
 # Seconds without anything to send after which the connection is closed.
 IDLE_CLOSE = 2.0
 # Seconds the interpreter's exit waits for pending notifications (none in an outage).
 FLUSH_AT_EXIT = 1.0
+# For our own connections (the notifier's, the listener's), unless the database settings
+# choose otherwise: notice a server or network that went away without a word within
+# about a minute, and never hang on connecting.
+DEFAULT_PARAMS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
 
 
 def jobs_ready(db: str, queue_names: Iterable[str]) -> None:
@@ -171,21 +191,35 @@ def _register_atexit() -> None:
 
 
 def connection_params(db: str) -> dict[str, Any]:
-    """psycopg arguments for our own connection to ``db``: Django's settings, autocommit,
-    the listener's keepalives and connect timeout, and a name of our own."""
-    from .runner.listener import connection_params as listener_params
+    """psycopg arguments for the notifier's connection to ``db``."""
+    return own_connection_params(db, f"{APPLICATION_NAME} pid={os.getpid()}")
 
-    params = listener_params(db)
-    params["application_name"] = f"{APPLICATION_NAME} pid={os.getpid()}"
+
+def own_connection_params(alias: str, application_name: str) -> dict[str, Any]:
+    """psycopg keyword arguments from Django's settings for ``alias``, for a connection of
+    our own (never one of Django's): autocommit, named, keepalives and connect timeout."""
+    params = connections[alias].get_connection_params()
+    params.update(autocommit=True, application_name=application_name)
+    for key, value in DEFAULT_PARAMS.items():
+        params.setdefault(key, value)
     return params
+
+
+def first_line(exc: BaseException) -> str:
+    """libpq's messages run over several lines; the first says what happened."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 class Notifier:
     """A thread that sends the queues handed to it, coalesced, one NOTIFY per round."""
 
-    def __init__(self, params: Any, *, max_delay: float | None = None) -> None:
+    def __init__(
+        self, params: Any, *, max_delay: float | None = None, idle_close: float = IDLE_CLOSE
+    ) -> None:
         self.params = params  # a callable returning psycopg.connect's keyword arguments
-        self.max_delay = max_delay
+        self.max_delay = max_delay  # of the backoff; default: db_retry_max_delay
+        self.idle_close = idle_close
         self.lock = threading.Lock()
         self.wanted = threading.Condition(self.lock)  # something to send, or stop
         self.settled = threading.Condition(self.lock)  # a round is over
@@ -195,6 +229,7 @@ class Notifier:
         self.halted = False
         self.halt = threading.Event()
         self.thread: threading.Thread | None = None
+        self.connect_function: Any = None  # psycopg.connect, imported when the thread starts
         self.sent = 0  # notifications sent (tests and the bench read it)
 
     # -- called by enqueuers (any thread) --
@@ -207,6 +242,13 @@ class Notifier:
             self.wanted.notify()
 
     def start_thread(self) -> None:
+        # Everything the thread needs is imported here, by the caller: a fork while the
+        # thread imported a module would leave the child that module half-initialised.
+        import psycopg
+
+        self.connect_function = psycopg.connect
+        if self.max_delay is None:
+            self.max_delay = JobsSettings.load().db_retry_max_delay
         thread = threading.Thread(target=self.run, name="django-jobs-notifier", daemon=True)
         try:
             thread.start()
@@ -265,19 +307,21 @@ class Notifier:
             self.settled.notify_all()
 
     def run(self) -> None:
-        from .runner.db_retry import Backoff
-        from .runner.listener import first_line
+        try:
+            self.loop()
+        except Exception:  # a bug: say so; the next hand-over starts a new thread
+            logger.exception("the notifier thread failed")
 
-        max_delay = self.max_delay
-        if max_delay is None:
-            from .conf import JobsSettings
-
-            max_delay = JobsSettings.load().db_retry_max_delay
-        backoff = Backoff(max_delay)
+    def loop(self) -> None:
+        backoff = Backoff(self.max_delay or 0.0)
         connection: Any = None
         outage_since: float | None = None
+        next_round = 0.0
         while True:
-            queues = self.take(IDLE_CLOSE if connection is not None else None)
+            pause = next_round - time.monotonic()
+            if pause > 0:
+                self.halt.wait(pause)
+            queues = self.take(self.idle_close if connection is not None else None)
             if queues is None:
                 connection = close(connection)
                 if self.halted:
@@ -308,6 +352,7 @@ class Notifier:
                 self.halt.wait(backoff.next())
                 continue
             self.sent += 1
+            next_round = time.monotonic() + MIN_INTERVAL
             backoff.reset()
             if outage_since is not None:
                 logger.info(
@@ -318,9 +363,7 @@ class Notifier:
             self.settle(outage=False)
 
     def connect(self) -> Any:
-        import psycopg
-
-        return psycopg.connect(**self.params())
+        return self.connect_function(**self.params())
 
 
 def close(connection: Any) -> None:

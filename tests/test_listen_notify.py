@@ -1,32 +1,49 @@
 """LISTEN/NOTIFY on PostgreSQL: an idle worker wakes at once when a job becomes ready.
 
+Who notifies: ``django_jobs.notify``. Code that makes jobs ready hands their
+queues to a per-process notifier once the transaction commits, and its thread
+sends ``pg_notify`` on a connection of its own, so the enqueuing transaction
+never takes PostgreSQL's notify lock (migration 0006 dropped 0004's trigger).
+
 The process tests run workers whose polling interval (30 s) is far longer than
 any wait here, so a job they start within seconds was found because of a
-notification. To prove it, each of them first makes a job ready with the
-trigger disabled (no NOTIFY) and sees it stay ready, then makes another ready
-with the trigger on and sees both start: the only thing that changed is the
-notification. Other databases have no trigger and no listener; they only poll.
+notification. To prove it, each of them first makes a job ready without a
+notification (``listen_notify`` off in this process) and sees it stay ready,
+then makes another ready with notifications on and sees both start: the only
+thing that changed is the notification. Other databases have no notifier and no
+listener; they only poll.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.tasks import default_task_backend
 from django.test import override_settings
 
-from django_jobs import bulk_enqueue
+from django_jobs import bulk_enqueue, notify
+from django_jobs.admission import make_ready
 from django_jobs.checks import backend_checks
 from django_jobs.conf import JobsSettings
-from django_jobs.models import Job, JobStatus, ReadyExecution
+from django_jobs.models import Job, JobStatus
+from django_jobs.notify import Notifier
 from django_jobs.queues import QueueSelector
 from django_jobs.runner.lifecycle import Lifecycle
 from django_jobs.runner.listener import (
@@ -38,7 +55,7 @@ from django_jobs.runner.listener import (
 )
 from tests import tasks
 from tests.factories import JobFactory
-from tests.harness import database_url, job_row, wait_until
+from tests.harness import REPO_ROOT, database_url, job_row, wait_until
 from tests.proxy import CuttableProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,10 +65,22 @@ postgres_only = pytest.mark.skipif(
     reason="LISTEN/NOTIFY is PostgreSQL's; workers on other databases only poll",
 )
 
-READY_TABLE = ReadyExecution._meta.db_table
-TRIGGER = "django_jobs_ready_notify"
 LONG_POLL = "30"  # seconds: no wait in these tests comes near it
 WAKE = 5.0  # seconds a notified job may take to start, a sixth of LONG_POLL
+SENTINEL = "slow"  # the queue of enqueue_sentinel()
+OLD_TRIGGER = "django_jobs_ready_notify"  # migration 0004's, dropped by 0006
+NOTIFY_MIGRATION = "0006_ready_notify_from_enqueuers"
+
+
+@pytest.fixture(autouse=True)
+def notifier() -> Iterator[Notifier]:
+    """This process's notifier for the test, not started yet, and never stopped by idleness
+    (the tests look its connection up); none is left behind holding a connection."""
+    notify.stop_all()
+    fresh = Notifier(partial(notify.connection_params, "default"), idle_close=60)
+    notify.install("default", fresh)
+    yield fresh
+    notify.stop_all()
 
 
 # -- Helpers ------------------------------------------------------------------------------
@@ -70,27 +99,44 @@ def listeners() -> list[tuple[int, bool, float]]:
         return [(pid, listening, float(age)) for pid, listening, age in cursor.fetchall()]
 
 
+def settled_listeners(count: int = 1) -> list[int]:
+    """The pids of the ``count`` listener backends, once each has been LISTENing for half
+    a second: the claim its connection triggers (see ``Listener.run``) is over by then."""
+
+    def settled() -> list[int]:
+        current = listeners()
+        found = [pid for pid, listening, age in current if listening and age > 0.5]
+        return found if len(current) == len(found) == count else []
+
+    return wait_until(settled, what=f"{count} worker(s) LISTENing for half a second")
+
+
 def settled_listener() -> int:
-    """The pid of the one listener backend, once it has been LISTENing for half a second:
-    the claim its connection triggers (see ``Listener.run``) is over by then."""
-    found = wait_until(
-        lambda: [pid for pid, listening, age in listeners() if listening and age > 0.5],
-        what="a worker LISTENing for half a second",
-    )
-    assert len(found) == 1, listeners()
-    return found[0]
+    return settled_listeners(1)[0]
+
+
+def notifier_backends(pid: int | None = None) -> list[int]:
+    """Backend pids of the notifier connection of process ``pid`` (this one by default)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+            [f"{notify.APPLICATION_NAME} pid={pid or os.getpid()}"],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def backend_pid() -> int:
+    """This thread's Django connection's backend: where the enqueuing transactions run."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
 
 
 @contextlib.contextmanager
-def trigger_disabled() -> Iterator[None]:
-    """Ready rows inserted meanwhile send no NOTIFY (docs/running.md's off switch)."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"ALTER TABLE {READY_TABLE} DISABLE TRIGGER {TRIGGER}")
-    try:
+def notify_off() -> Iterator[None]:
+    """Jobs made ready meanwhile (by this process) notify nobody."""
+    with override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "listen_notify": False}):
         yield
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f"ALTER TABLE {READY_TABLE} ENABLE TRIGGER {TRIGGER}")
 
 
 def holds_for(predicate: Callable[[], Any], seconds: float, what: str) -> None:
@@ -105,7 +151,7 @@ def assert_a_notification_wakes_the_idle_worker() -> None:
     """With the worker idle and its next poll 30 s away: a job made ready without a
     NOTIFY waits; a notified one wakes the worker, which takes both at once."""
     settled_listener()
-    with trigger_disabled():
+    with notify_off():
         silent = tasks.add.enqueue(1, 1)
     holds_for(
         lambda: job_row(silent).status == JobStatus.READY,
@@ -135,24 +181,36 @@ def raw_listener() -> Iterator[Any]:
         yield raw
 
 
-def notifications_until(raw: Any, sentinel_queue: str) -> list[list[str]]:
-    """Payloads received, in commit order, up to the first that names ``sentinel_queue``."""
-    import json
-
-    received: list[list[str]] = []
-    deadline = time.monotonic() + 10
+def received_until(raw: Any, sentinel_queue: str = SENTINEL, timeout: float = 10) -> list[Any]:
+    """Notifications received, in order, up to and including the first naming
+    ``sentinel_queue``; each with its payload parsed (``.queues``)."""
+    received: list[Any] = []
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for notify in raw.notifies(timeout=0.2):
-            assert notify.channel == CHANNEL
-            received.append(json.loads(notify.payload))
-            if sentinel_queue in received[-1]:
-                return received[:-1]
+        for notification in raw.notifies(timeout=0.2):
+            assert notification.channel == CHANNEL
+            queues = json.loads(notification.payload)
+            received.append((notification, queues))
+            if sentinel_queue in queues:
+                return received
     raise AssertionError(f"no notification for {sentinel_queue!r}; got {received}")
 
 
+def queues_notified(raw: Any) -> set[str]:
+    """The queues notified before (or with) the sentinel's, the sentinel's own left out.
+
+    Everything a committed transaction made ready before ``enqueue_sentinel()``
+    ran is in it: the notifier sends what it was handed in order, several
+    hand-overs sometimes in one notification.
+    """
+    named = {queue for _, queues in received_until(raw) for queue in queues}
+    return named - {SENTINEL}
+
+
 def enqueue_sentinel() -> None:
-    """A committed enqueue in queue 'slow': everything committed before it is notified before it."""
-    tasks.add.using(queue_name="slow").enqueue(0, 0)
+    """A committed enqueue in queue 'slow': everything committed before it is notified before
+    it or with it."""
+    tasks.add.using(queue_name=SENTINEL).enqueue(0, 0)
 
 
 def in_another_thread(action: Callable[[], Any]) -> None:
@@ -170,12 +228,13 @@ def in_another_thread(action: Callable[[], Any]) -> None:
 
 
 def triggers_on_ready_table() -> list[tuple[str, ...]]:
+    ready_table = Job._meta.apps.get_model("django_jobs", "ReadyExecution")._meta.db_table
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
                 "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger "
                 "WHERE tgrelid = %s::regclass AND NOT tgisinternal",
-                [READY_TABLE],
+                [ready_table],
             )
         elif connection.vendor == "mysql":
             cursor.execute(
@@ -187,74 +246,263 @@ def triggers_on_ready_table() -> list[tuple[str, ...]]:
         return [tuple(row) for row in cursor.fetchall()]
 
 
-# -- The migration and the trigger --------------------------------------------------------
+def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with the test project's settings and database."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+        "DATABASE_URL": database_url(),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    env.pop("TEST_DATABASE_NAME", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
 
 
-def test_the_migration_adds_the_trigger_on_postgresql_only_and_is_reversible():
-    def assert_installed() -> None:
+# -- The migrations: 0004 added a trigger, 0006 drops it ----------------------------------
+
+
+def test_no_trigger_notifies_and_migration_0006_is_reversible():
+    previous = importlib.import_module(f"django_jobs.migrations.{NOTIFY_MIGRATION}")
+    before = previous.Migration.dependencies[0][1]
+    assert triggers_on_ready_table() == []
+    try:
+        call_command("migrate", "django_jobs", before, verbosity=0)
         if connection.vendor == "postgresql":
             ((name, definition),) = triggers_on_ready_table()
-            assert name == TRIGGER
+            assert name == OLD_TRIGGER
             assert "AFTER INSERT" in definition and "FOR EACH STATEMENT" in definition
-            assert "REFERENCING NEW TABLE AS new_rows" in definition
         else:
             assert triggers_on_ready_table() == []
-
-    assert_installed()
-    try:
-        call_command("migrate", "django_jobs", "0003_batches_unique_recurring", verbosity=0)
-        assert triggers_on_ready_table() == []
     finally:
         call_command("migrate", "django_jobs", verbosity=0)
-    assert_installed()
+    assert triggers_on_ready_table() == []
+
+
+# -- The notifier ---------------------------------------------------------------------------
+
+
+def test_the_payload_names_the_queues_or_any_queue_when_too_long():
+    assert json.loads(notify.payload({"emails", "default"})) == ["default", "emails"]
+    many = {f"{i:03}-" + "q" * 120 for i in range(70)}  # ~8,800 bytes as JSON
+    assert notify.payload(many) == "[]"  # any queue: every worker wakes
 
 
 @postgres_only
-def test_a_notification_is_delivered_when_its_transaction_commits_and_never_on_rollback():
+def test_a_notification_is_sent_after_commit_by_the_notifier_and_never_on_rollback():
     with raw_listener() as raw:
+        enqueuer = backend_pid()
         with transaction.atomic():
             tasks.echo.using(queue_name="reports").enqueue("open")
             # Committed meanwhile by another connection: notified while ours is open.
             in_another_thread(lambda: tasks.echo.enqueue("committed"))  # queue "emails"
             in_another_thread(enqueue_sentinel)
-            # Notifications come in commit order: one from the open transaction would
-            # come before the others.
-            assert notifications_until(raw, "slow") == [["emails"]]
+            assert queues_notified(raw) == {"emails"}
         enqueue_sentinel()
-        assert notifications_until(raw, "slow") == [["reports"]]
+        received = received_until(raw)
+        assert {q for _, queues in received for q in queues} == {"reports", SENTINEL}
+
+        # Sent by the notifier's own connection, never by the enqueuing transaction:
+        # that one never takes PostgreSQL's notify lock.
+        (notifier,) = notifier_backends()
+        assert {n.pid for n, _ in received} == {notifier}
+        assert notifier != enqueuer
 
         with contextlib.suppress(ZeroDivisionError), transaction.atomic():
             tasks.echo.using(queue_name="reports").enqueue("rolled back")
             1 / 0  # noqa: B018
         enqueue_sentinel()
-        assert notifications_until(raw, "slow") == []
+        assert queues_notified(raw) == set()
 
 
 @postgres_only
-def test_one_notification_per_statement_naming_its_queues():
+def test_bulk_enqueues_and_promotions_notify_the_queues_they_made_ready():
     with raw_listener() as raw:
-        # A bulk enqueue inserts its ready rows in one statement: one notification.
+        # A bulk enqueue (the one-statement insert, and the ORM's admission for a keyed
+        # job in the same transaction) hands its queues over once, at its commit.
         bulk_enqueue(
             [(tasks.add, (i, i), {}) for i in range(30)]
             + [(tasks.echo, (str(i),), {}) for i in range(30)]
+            + [(tasks.add.using(queue_name="reports", concurrency_key="bulk"), (1, 1), {})]
         )
         enqueue_sentinel()
-        assert notifications_until(raw, "slow") == [["default", "emails"]]
+        received = received_until(raw)
+        assert {"default", "emails", "reports"} <= set(received[0][1])
 
-        # PostgreSQL folds identical notifications of one transaction into one.
+        # Many jobs made ready in one transaction: one hand-over each, all after commit.
         with transaction.atomic():
             for i in range(5):
                 tasks.add.enqueue(i, i)
         enqueue_sentinel()
-        assert notifications_until(raw, "slow") == [["default"]]
+        assert queues_notified(raw) == {"default"}
 
-        # Too many queues for a payload (8000 bytes): "[]", any queue.
+        # make_ready itself (promotions, retries, hand-backs): too many queues to name
+        # in a payload is "[]", any queue.
         jobs = [JobFactory(queue_name=f"{i:03}-" + "q" * 120) for i in range(70)]
-        ReadyExecution.objects.bulk_create(
-            [ReadyExecution(job=job, queue_name=job.queue_name) for job in jobs]
-        )
+        make_ready("default", jobs)
+        first = list(raw.notifies(timeout=10, stop_after=1))
+        assert [n.payload for n in first] == ["[]"]
+
+
+@postgres_only
+def test_nothing_is_notified_with_listen_notify_off(notifier):
+    with raw_listener() as raw:
+        with notify_off():
+            tasks.echo.enqueue("silent")
+            bulk_enqueue([(tasks.echo, ("silent",), {})])
+        assert notifier.thread is None  # nothing was handed over: not even started
         enqueue_sentinel()
-        assert notifications_until(raw, "slow") == [[]]
+        assert queues_notified(raw) == set()
+
+
+@postgres_only
+def test_an_idle_notifier_closes_its_connection_and_opens_one_when_needed():
+    notifier = Notifier(partial(notify.connection_params, "default"), idle_close=0.3)
+    notify.install("default", notifier)
+    with raw_listener() as raw:
+        enqueue_sentinel()
+        ((first, _),) = received_until(raw)
+        wait_until(lambda: notifier_backends() == [], what="the idle connection closed")
+        assert notifier.thread is not None and notifier.thread.is_alive()
+        tasks.echo.enqueue("later")
+        ((second, _),) = received_until(raw, "emails")
+    assert second.pid != first.pid
+
+
+@postgres_only
+def test_manual_transaction_management_enqueues_without_notifying():
+    """on_commit cannot wait for a commit it does not see coming: nothing is sent then
+    (workers poll), and the enqueue does not fail."""
+    with raw_listener() as raw:
+        transaction.set_autocommit(False)
+        try:
+            result = tasks.echo.using(queue_name="reports").enqueue("manual")
+            transaction.commit()
+        finally:
+            transaction.set_autocommit(True)
+        assert job_row(result).status == JobStatus.READY
+        enqueue_sentinel()
+        assert queues_notified(raw) == set()
+
+
+@postgres_only
+def test_the_notifier_survives_the_termination_of_its_connection(caplog):
+    caplog.set_level(logging.DEBUG, logger="django_jobs.notify")
+    with raw_listener() as raw:
+        enqueue_sentinel()
+        received_until(raw)
+        (killed,) = notifier_backends()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [killed])
+        wait_until(lambda: killed not in notifier_backends(), what="the backend gone")
+
+        tasks.echo.enqueue("after the kill")
+        received = received_until(raw, "emails")
+        assert {n.pid for n, _ in received} != {killed}
+        assert notifier_backends() == [received[-1][0].pid]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, caplog.text
+    assert warnings[0].getMessage().startswith("not notifying workers of ready jobs (")
+    assert "notifying workers of ready jobs again" in caplog.text
+
+
+@postgres_only
+@pytest.mark.parametrize("failure", ["refused", "silent"])
+def test_enqueue_neither_fails_nor_waits_when_the_notifier_cannot_connect(failure, caplog):
+    """The notifier goes through a proxy that refuses connections, or to a port that
+    accepts and never answers (so its connect hangs for a minute): enqueues go on at
+    their own pace, every job is committed, the outage is logged once, and the queues
+    not notified yet are sent once the notifier gets through."""
+    caplog.set_level(logging.DEBUG, logger="django_jobs.notify")
+    s = connection.settings_dict
+    proxy = CuttableProxy(s.get("HOST") or "127.0.0.1", int(s.get("PORT") or 5432))
+    silent = socket.create_server(("127.0.0.1", 0), backlog=64)  # never accepts
+    port = proxy.port if failure == "refused" else silent.getsockname()[1]
+    proxy.refusing = True
+
+    def params() -> dict[str, Any]:
+        return {**notify.connection_params("default"), "port": port, "connect_timeout": 60}
+
+    notifier = Notifier(params, max_delay=0.5)
+    notify.install("default", notifier)
+    try:
+        with raw_listener() as raw:
+            for i in range(10):
+                began = time.monotonic()
+                tasks.echo.using(queue_name="reports").enqueue(i)
+                assert time.monotonic() - began < 5.0, "an enqueue waited for the notifier"
+            assert Job.objects.filter(queue_name="reports").count() == 10
+            assert notifier.sent == 0
+            assert notifier.pending <= {"reports"}  # kept (or in flight)
+            if failure == "silent":
+                assert list(raw.notifies(timeout=0.5, stop_after=1)) == []
+                return
+            wait_until(
+                lambda: caplog.text.count("still not notifying workers of ready jobs") >= 2,
+                what="two retries",
+            )
+            assert notifier.flush(5.0) is False  # in an outage: no wait
+            proxy.restore()
+            received_until(raw, "reports")
+    finally:
+        notifier.stop(0.1)
+        silent.close()
+        proxy.close()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, caplog.text
+    assert "notifying workers of ready jobs again, after" in caplog.text
+
+
+@postgres_only
+def test_a_process_starts_its_notifier_on_its_first_commit_never_at_import_and_anew_after_fork():
+    """A web server imports the app, maybe enqueues, then forks its workers: each process
+    gets a notifier of its own at its first commit; the parent's keeps working; and a
+    process that exits right after enqueuing still sends its notification."""
+    code = """
+import os, sys, threading
+import django
+django.setup()
+from django.db import connections
+from django_jobs import notify
+from tests import tasks
+
+def notifier_threads():
+    return [t for t in threading.enumerate() if t.name == "django-jobs-notifier"]
+
+assert notifier_threads() == [], "a notifier at import"
+tasks.add.using(queue_name="reports").enqueue(1, 1)
+assert len(notifier_threads()) == 1
+connections.close_all()
+child = os.fork()
+if child == 0:
+    assert notify._notifiers == {}, "the parent's notifier in the child"
+    tasks.add.using(queue_name="emails").enqueue(2, 2)
+    os._exit(0 if notify._notifiers["default"].flush(10) else 3)
+_, status = os.waitpid(child, 0)
+assert status == 0, status
+tasks.add.using(queue_name="slow").enqueue(3, 3)
+print(child)
+# Exits at once: atexit gives the notifier its second to send "slow".
+"""
+    with raw_listener() as raw:
+        done = run_python(code)
+        received = received_until(raw)
+    by_queue = {queue: n.pid for n, queues in received for queue in queues}
+    assert set(by_queue) == {"reports", "emails", "slow"}, received
+    # The child's notification came from a connection of its own.
+    assert by_queue["emails"] not in {by_queue["reports"], by_queue["slow"]}
+    # The parent's notifier lost nothing to the fork (a child closing the inherited
+    # connection would have cut it: the parent would have said so).
+    assert "not notifying workers" not in done.stderr, done.stderr
+    assert int(done.stdout.strip()) > 0
 
 
 # -- The listener in a worker process -----------------------------------------------------
@@ -388,3 +636,30 @@ def test_listen_notify_false_starts_no_listener(run_jobs):
     wait_until(lambda: job_row(result).status == JobStatus.SUCCEEDED, what="a job run by polling")
     assert listeners() == []
     assert Job.objects.filter(status=JobStatus.READY).count() == 0
+
+
+@postgres_only
+@pytest.mark.workers
+def test_a_finish_that_admits_a_blocked_job_wakes_another_worker(run_jobs, tmp_path):
+    """Worker A serves 'reports', worker B 'slow', both idle with their next poll 30 s
+    away. A runs the job holding key K's only slot; a job of K in 'slow' waits blocked.
+    A's finish makes it ready, and the notification from A's process wakes B."""
+    run_jobs("--queues", "reports", "--threads", "2", "--polling-interval", LONG_POLL)
+    run_jobs("--queues", SENTINEL, "--threads", "2", "--polling-interval", LONG_POLL)
+    settled_listeners(2)
+    marker = tmp_path / "holder-started"
+    keyed = {"concurrency_key": "gate", "concurrency_group": "wake", "concurrency_limit": 1}
+    holder = tasks.sleep_then_return.using(queue_name="reports", **keyed).enqueue(1.0, str(marker))
+    waiting = tasks.add.using(queue_name=SENTINEL, **keyed).enqueue(1, 2)
+    assert job_row(waiting).status == JobStatus.BLOCKED
+    wait_until(marker.exists, WAKE, what="the holder to start (woken by its enqueue)")
+    wait_until(
+        lambda: job_row(waiting).status == JobStatus.SUCCEEDED,
+        WAKE + 2,
+        what="the promoted job to run in the other worker",
+    )
+    holder, waiting = job_row(holder), job_row(waiting)
+    assert holder.status == JobStatus.SUCCEEDED
+    assert waiting.started_at >= holder.finished_at
+    assert waiting.started_at - holder.finished_at < timedelta(seconds=WAKE)
+    assert waiting.worker_ids != holder.worker_ids

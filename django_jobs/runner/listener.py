@@ -24,7 +24,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import JobsSettings
-from ..notify import CHANNEL
+from ..notify import CHANNEL, first_line, own_connection_params
 from ..queues import QueueSelector
 from .db_retry import Backoff
 from .lifecycle import Lifecycle
@@ -37,15 +37,6 @@ STOP_CHECK_INTERVAL = 0.5
 # A connection that stayed up this long ends an outage: the next loss starts the
 # backoff from its first step again (a connection that drops at once does not).
 STABLE_AFTER = 30.0
-# Unless the database settings choose otherwise: notice a server or network that
-# went away without a word within about a minute, and never hang on connecting.
-DEFAULT_PARAMS = {
-    "connect_timeout": 10,
-    "keepalives": 1,
-    "keepalives_idle": 30,
-    "keepalives_interval": 10,
-    "keepalives_count": 3,
-}
 
 
 def listen_alias(conf: JobsSettings) -> str | None:
@@ -86,11 +77,7 @@ def start_listener(
 
 def connection_params(alias: str) -> dict[str, Any]:
     """psycopg keyword arguments from Django's settings for ``alias``, for our own connection."""
-    params = connections[alias].get_connection_params()
-    params.update(autocommit=True, application_name=f"{APPLICATION_NAME} pid={os.getpid()}")
-    for key, value in DEFAULT_PARAMS.items():
-        params.setdefault(key, value)
-    return params
+    return own_connection_params(alias, f"{APPLICATION_NAME} pid={os.getpid()}")
 
 
 class Listener:
@@ -179,9 +166,3 @@ class Listener:
         if not isinstance(queues, list) or not queues:
             return True
         return any(not isinstance(q, str) or self.selector.matches(q) for q in queues)
-
-
-def first_line(exc: BaseException) -> str:
-    """libpq's messages run over several lines; the first says what happened."""
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
