@@ -233,3 +233,24 @@ def test_a_killed_tree_is_pruned_after_the_alive_threshold_by_the_next_run(run_j
     second.send(signal.SIGTERM)
     assert second.wait(15) == 0, second.output()
     assert_nothing_left_behind()
+
+
+def test_a_sigterm_to_every_process_at_once_is_one_graceful_stop(run_jobs, tmp_path):
+    """systemd's default KillMode, Heroku and container runtimes signal every process of
+    the service at once: a worker child then gets the platform's SIGTERM and the
+    supervisor's request. Counted as two SIGTERMs, that stopped it at once and failed
+    a job that had time to finish; the supervisor's request (SIGUSR1) never escalates."""
+    log, marker = tmp_path / "runs", tmp_path / "started"
+    result = tasks.record_run.enqueue(str(log), "job", 2.0, str(marker))
+    proc = run_jobs("--processes", "1", "--threads", "1", env={"JOBS_SHUTDOWN_TIMEOUT": "20"})
+    wait_started(marker)
+    children = proc.tree()
+    assert children, "no child processes"
+    for pid in [proc.pid, *children]:
+        os.kill(pid, signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+    assert "stopping immediately" not in proc.output(), proc.output()
+    job = job_row(result)
+    assert (job.status, job.attempts) == (JobStatus.SUCCEEDED, 1), proc.output()
+    assert runs_of(log) == ["job"]
+    assert_nothing_left_behind()

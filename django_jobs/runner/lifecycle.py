@@ -1,7 +1,11 @@
 """Shutdown state shared by a process's threads, driven by POSIX signals.
 
 First SIGTERM/SIGINT: graceful (stop taking work, finish or hand back what is
-running). A second one, or SIGQUIT: immediate.
+running). A second one, or SIGQUIT: immediate. SIGUSR1 is the supervisor's
+request to its children, and only ever means graceful: a platform that signals
+every process of the service at once (systemd's default ``KillMode``, Heroku,
+a container runtime killing the process group) must not make the supervisor's
+forwarded request count as the child's second SIGTERM.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ class Lifecycle:
         # someone else): it stops, and ``run_jobs`` exits non-zero so that a process
         # manager starts a fresh one.
         self.pruned = False
+        # SIGTERM/SIGINT received so far: the second one means "stop now".
+        self.terminations = 0
 
     def request_stop(self, reason: str = "") -> None:
         if not self.stopping.is_set():
@@ -55,7 +61,7 @@ class Lifecycle:
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1):
             signal.signal(signum, _deliver_through_wakeup_fd)
         threading.Thread(
             target=self._watch_signals, args=(read_fd,), name="django-jobs-signals", daemon=True
@@ -67,11 +73,18 @@ class Lifecycle:
                 self.on_signal(signal.Signals(signum))
 
     def on_signal(self, signum: signal.Signals) -> None:
-        """First SIGTERM/SIGINT: graceful; a second one, or SIGQUIT: immediate."""
+        """First SIGTERM/SIGINT: graceful; a second one, or SIGQUIT: immediate.
+
+        Only SIGTERM/SIGINT count towards "second": a graceful stop the supervisor
+        asked for (SIGUSR1) followed by the platform's own SIGTERM stays graceful.
+        """
         if signum == signal.SIGQUIT:
             self.request_immediate(signum.name)
+        elif signum == signal.SIGUSR1:
+            self.request_stop("asked by the supervisor")
         elif signum in (signal.SIGTERM, signal.SIGINT):
-            if self.stopping.is_set():
+            self.terminations += 1
+            if self.terminations > 1:
                 self.request_immediate(f"second {signum.name}")
             else:
                 self.request_stop(signum.name)

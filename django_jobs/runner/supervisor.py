@@ -3,7 +3,9 @@
 Children are fresh interpreters (``multiprocessing`` spawn), never forks of a
 process holding database connections or threads. Each child moves to its own
 process group, so a Ctrl-C in the terminal reaches only the supervisor, which
-then asks each child once: two signals would mean "immediate" to a child.
+then asks each child once, with SIGUSR1: a graceful stop that a SIGTERM sent to
+every process at once (systemd, Heroku, a container runtime) does not turn into
+a child's "second SIGTERM", which would mean "immediate".
 """
 
 from __future__ import annotations
@@ -199,7 +201,7 @@ class Supervisor:
         alive = [c for c in self.children if c.process is not None and c.process.is_alive()]
         escalated = self.lifecycle.immediate.is_set()
         for child in alive:
-            self.signal(child, signal.SIGQUIT if escalated else signal.SIGTERM)
+            self.signal(child, signal.SIGQUIT if escalated else signal.SIGUSR1)
         deadline = time.monotonic() + self.conf.shutdown_timeout + 5.0
         while alive and time.monotonic() < deadline:
             if self.lifecycle.immediate.is_set() and not escalated:
