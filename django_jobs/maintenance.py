@@ -231,13 +231,18 @@ def delete_by_pk(db: str, model: type[models.Model], ids: Collection[int]) -> in
     return deleted
 
 
-def clear_finished_jobs(db: str, older_than: float, batch_size: int = 500) -> int:
+def clear_finished_jobs(
+    db: str, older_than: float, batch_size: int = 500, max_rounds: int | None = 20
+) -> int:
     """The dispatcher's prune: finished jobs older than ``older_than`` seconds.
 
-    Returns how many jobs were deleted.
+    At most ``max_rounds`` transactions of ``batch_size`` jobs per call (10,000 by
+    default): a first prune of a large backlog must not stall the dispatcher's
+    other work (promoting due jobs, recovering dead workers) for minutes; the rest
+    goes in the next maintenance rounds. Returns how many jobs were deleted.
     """
     cutoff = timezone.now() - timedelta(seconds=older_than)
-    return prune_finished_jobs(db, cutoff, batch_size=batch_size).total_jobs
+    return prune_finished_jobs(db, cutoff, batch_size=batch_size, max_rounds=max_rounds).total_jobs
 
 
 def clear_finished_batches(db: str, cutoff: datetime, batch_size: int = 500) -> int:

@@ -43,6 +43,16 @@ def test_clear_finished_jobs_deletes_only_old_finished_ones_in_batches():
     assert FailedExecution.objects.count() == 0  # cascaded with their job
 
 
+def test_the_dispatchers_prune_stops_after_max_rounds_and_the_next_goes_on():
+    """A first prune of a big backlog must not hold the dispatcher for minutes."""
+    old = timezone.now() - timedelta(days=8)
+    FinishedJobFactory.create_batch(7, finished_at=old)
+    assert clear_finished_jobs("default", older_than=86400 * 7, batch_size=2, max_rounds=2) == 4
+    assert Job.objects.count() == 3
+    assert clear_finished_jobs("default", older_than=86400 * 7, batch_size=2, max_rounds=2) == 3
+    assert not Job.objects.exists()
+
+
 def test_reconcile_repairs_a_drifted_semaphore_and_fills_every_free_slot():
     key = "drifted"
     SemaphoreFactory(key=key, limit=3, value=0)  # says full, but only one holder exists

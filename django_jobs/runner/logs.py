@@ -5,11 +5,41 @@ from __future__ import annotations
 import logging
 import sys
 
+from django.conf import settings
+
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
 
+class WithoutDjangosTaskEvents(logging.Filter):
+    """Drops ``django.tasks``' own "Task id=… state=…" lines for starts and successes.
+
+    Django logs every task start and finish from its signal receivers; a worker
+    of ours logs the same event with more in it (attempt, duration, error,
+    retry), so each event showed twice. Failures (ERROR) stay: Django's default
+    LOGGING mails them to ADMINS, and a project may rely on that.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or record.funcName not in (
+            "log_task_started",
+            "log_task_finished",
+        )
+
+
+def quiet_djangos_task_events() -> None:
+    """In worker processes only, unless the project's LOGGING configures ``django.tasks``."""
+    configured = (getattr(settings, "LOGGING", None) or {}).get("loggers", {})
+    tasks_logger = logging.getLogger("django.tasks")
+    if "django.tasks" in configured:
+        return
+    if not any(isinstance(f, WithoutDjangosTaskEvents) for f in tasks_logger.filters):
+        tasks_logger.addFilter(WithoutDjangosTaskEvents())
+
+
 def configure_logging(verbosity: int) -> None:
-    """Attach a stream handler to ``django_jobs`` unless the project's LOGGING already did."""
+    """Attach a stream handler to ``django_jobs`` unless the project's LOGGING already did,
+    and leave one log line per job event (see :class:`WithoutDjangosTaskEvents`)."""
+    quiet_djangos_task_events()
     logger = logging.getLogger("django_jobs")
     if logger.handlers or logging.getLogger().handlers:
         return
