@@ -574,6 +574,7 @@ def test_the_pages_that_refresh_themselves_load_one_static_script(admin_client):
         assert html.count("django_jobs/refresh.js") == 1, name
         assert 'id="jobs-refresh" data-seconds="10"' in html, name
         assert re.search(r'<span class="jobs-refresh" id="jobs-refresh"[^>]* hidden>', html), name
+        assert 'django_jobs/refresh.js" defer></script>' in html, name  # no csp processor
     # A search in the arguments reads every job: never on a timer.
     html = admin_client.get(page("job") + "?q=needle").content.decode()
     assert "django_jobs/refresh.js" not in html
