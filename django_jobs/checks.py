@@ -162,6 +162,17 @@ def number_checks(conf: JobsSettings) -> list[Any]:
             errors.append(
                 Error(f"DJANGO_JOBS[{name!r}] must be an integer >= 1.", id="django_jobs.E007")
             )
+    for name in ("max_jobs_per_child", "max_memory_per_child"):
+        value = getattr(conf, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            errors.append(
+                Error(
+                    f"DJANGO_JOBS[{name!r}] must be None or an integer >= 1.",
+                    id="django_jobs.E007",
+                )
+            )
     for name in (
         "polling_interval",
         "dispatcher_interval",

@@ -41,6 +41,10 @@ class JobsSettings:
     # connection when the jobs database goes through PgBouncer in transaction mode).
     listen_notify: bool | str = True
     max_concurrency: dict[str, int] = field(default_factory=dict)
+    # Worker processes of the supervisor are replaced after running this many jobs, or
+    # once their resident memory passes this many MB (None: never); see docs/running.md.
+    max_jobs_per_child: int | None = None
+    max_memory_per_child: int | None = None
     # key -> {"task": dotted path, "schedule": cron or interval, ...}; see docs/recurring.md.
     recurring: dict[str, dict[str, Any]] = field(default_factory=dict)
 

@@ -283,6 +283,8 @@ def test_check_sqlite_needs_immediate_transactions():
         ({"queues": ["default", "missing"]}, "django_jobs.E005"),
         ({"max_concurrency": {"missing": 1}}, "django_jobs.E006"),
         ({"threads": 0}, "django_jobs.E007"),
+        ({"max_jobs_per_child": 0}, "django_jobs.E007"),
+        ({"max_memory_per_child": "512"}, "django_jobs.E007"),
         ({"polling_interval": 0}, "django_jobs.E008"),
         ({"max_concurrency": {"default": 0}}, "django_jobs.E009"),
         ({"database": "nowhere"}, "django_jobs.E001"),

@@ -31,6 +31,11 @@ class Lifecycle:
         self.pruned = False
         # SIGTERM/SIGINT received so far: the second one means "stop now".
         self.terminations = 0
+        # Set by any stop signal. A worker stopping on its own to be recycled waits for
+        # its running jobs without the shutdown timeout, until a signal sets this.
+        self.signalled = threading.Event()
+        # Why this worker process stops by itself to be replaced (None: it does not).
+        self.recycling: str | None = None
 
     def request_stop(self, reason: str = "") -> None:
         if not self.stopping.is_set():
@@ -78,6 +83,7 @@ class Lifecycle:
         Only SIGTERM/SIGINT count towards "second": a graceful stop the supervisor
         asked for (SIGUSR1) followed by the platform's own SIGTERM stays graceful.
         """
+        self.signalled.set()
         if signum == signal.SIGQUIT:
             self.request_immediate(signum.name)
         elif signum == signal.SIGUSR1:
@@ -88,6 +94,11 @@ class Lifecycle:
                 self.request_immediate(f"second {signum.name}")
             else:
                 self.request_stop(signum.name)
+
+    def request_recycle(self, reason: str) -> None:
+        """Stop taking work and exit once the running jobs are done, to be replaced."""
+        self.recycling = reason
+        self.request_stop(f"recycling: {reason}")
 
     def sleep(self, seconds: float) -> None:
         """Sleep until the timeout or a wake-up (work finished, a signal)."""

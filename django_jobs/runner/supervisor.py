@@ -28,6 +28,7 @@ from .dispatcher import Dispatcher
 from .entry import child_main
 from .lifecycle import Lifecycle
 from .logs import configure_logging
+from .recycling import RECYCLE_EXIT_CODE
 from .registration import registered
 from .scheduler import run_scheduler
 from .worker import Worker
@@ -55,7 +56,7 @@ def run_role(
             conf.threads,
         )
         if kind == Process.Kind.WORKER:
-            Worker(conf, process.pk, process.name, lifecycle).run()
+            Worker(conf, process.pk, process.name, lifecycle, recycle=True).run()
         else:
             Dispatcher(conf, lifecycle, alive=(process.pk, supervisor_id)).run()
     logger.info("%s stopped: %s", kind, process.name)
@@ -77,12 +78,15 @@ def run_child(kind: str, overrides: dict[str, Any], supervisor_id: int, verbosit
                 lifecycle.request_stop("supervisor is gone")
 
     threading.Thread(target=watch_parent, daemon=True, name="django-jobs-parent-watch").start()
+    code = 0
     try:
         run_role(kind, conf, lifecycle, supervisor_id)
+        if lifecycle.recycling and not lifecycle.signalled.is_set():
+            code = RECYCLE_EXIT_CODE
     finally:
         logging.shutdown()
         # Threads of jobs cut off at the shutdown timeout must not keep us alive.
-        os._exit(0)
+        os._exit(code)
 
 
 @dataclass
@@ -154,8 +158,17 @@ class Supervisor:
             self.lifecycle.wake.clear()
 
     def replace(self, child: Child) -> None:
+        # Its sentinel can be ready a moment before the process is reaped: join first,
+        # or the exit code reads None.
+        child.process.join(5)
         pid, code = child.process.pid, child.process.exitcode
-        child.process.join(0)
+        if code == RECYCLE_EXIT_CODE:
+            # It stopped by itself with nothing left behind: a replacement, at once.
+            logger.info("%s process %s recycled; starting a fresh one", child.kind, pid)
+            self.recover_child(pid, f"{child.kind} process {pid} recycled")
+            child.restarts += 1
+            self.start(child)
+            return
         logger.error(
             "%s process %s exited unexpectedly (code %s); replacing it", child.kind, pid, code
         )

@@ -23,6 +23,7 @@ from .db_retry import DB_ERRORS, Backoff, reset_connection, retry_until_done
 from .executor import execute_job, start_claimed
 from .lifecycle import Lifecycle
 from .listener import start_listener
+from .recycling import RecyclePolicy
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -50,6 +51,7 @@ class Worker:
         lifecycle: Lifecycle,
         *,
         once: bool = False,
+        recycle: bool = False,
     ) -> None:
         self.conf = conf
         self.db = conf.database
@@ -74,6 +76,10 @@ class Worker:
         self.abandoned = 0
         # A claim whose COMMIT lost its connection may have gone through anyway.
         self.claims_in_doubt = False
+        # Only a supervisor's worker process is recycled: it has someone to replace it.
+        self.recycle = (
+            RecyclePolicy(conf.max_jobs_per_child, conf.max_memory_per_child) if recycle else None
+        )
 
     def idle_threads(self) -> int:
         """Threads that may take a new job: neither running one nor waiting for one's
@@ -97,8 +103,13 @@ class Worker:
         listener = None if self.once else start_listener(self.conf, self.selector, self.lifecycle)
         try:
             while not self.lifecycle.stopping.is_set():
+                if self.recycle is not None and (reason := self.recycle.reason()):
+                    self.lifecycle.request_recycle(reason)
+                    break
                 idle = self.idle_threads()
                 limit = min(idle, self.conf.batch_size)
+                if self.recycle is not None:
+                    limit = self.recycle.room(limit)
                 claimed = 0
                 if limit > 0:
                     try:
@@ -174,6 +185,8 @@ class Worker:
                 self.running[job.pk] = job
         startable = [] if self.lifecycle.stopping.is_set() else [j for j in jobs if importable(j)]
         started = {job.pk for job in start_claimed(startable, self.ctx)}
+        if self.recycle is not None:
+            self.recycle.count(len(jobs))
         lost = {job.pk for job in startable} - started
         for job in jobs:
             if job.pk in lost:
@@ -195,8 +208,15 @@ class Worker:
             self.lifecycle.wake.set()
 
     def shutdown(self) -> None:
-        """Let running jobs finish up to the shutdown timeout; settle the rest."""
+        """Let running jobs finish up to the shutdown timeout; settle the rest.
+
+        A process stopping to be recycled waits for its jobs without a deadline,
+        until a stop signal arrives: then the shutdown timeout runs from there.
+        """
         deadline = time.monotonic() + self.conf.shutdown_timeout
+        while self.running and self.lifecycle.recycling and not self.lifecycle.signalled.is_set():
+            self.lifecycle.signalled.wait(0.05)
+            deadline = time.monotonic() + self.conf.shutdown_timeout
         while self.running and time.monotonic() < deadline:
             if self.lifecycle.immediate.wait(0.05):
                 break

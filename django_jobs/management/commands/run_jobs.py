@@ -55,6 +55,17 @@ class Command(BaseCommand):
             help="Seconds running jobs get to finish after SIGTERM.",
         )
         parser.add_argument(
+            "--max-jobs-per-child",
+            type=positive_int,
+            help="Replace a worker process (gracefully) after it has run this many jobs.",
+        )
+        parser.add_argument(
+            "--max-memory-per-child",
+            type=positive_int,
+            metavar="MB",
+            help="Replace a worker process (gracefully) once its resident memory passes MB.",
+        )
+        parser.add_argument(
             "--single-process",
             action="store_true",
             default=None,
@@ -75,6 +86,8 @@ class Command(BaseCommand):
             "batch_size": options["batch_size"],
             "shutdown_timeout": options["shutdown_timeout"],
             "single_process": options["single_process"],
+            "max_jobs_per_child": options["max_jobs_per_child"],
+            "max_memory_per_child": options["max_memory_per_child"],
         }
         overrides = {key: value for key, value in overrides.items() if value is not None}
         try:
