@@ -102,6 +102,11 @@ class Command(BaseCommand):
         prune_stale(conf)
         # Pruned as dead by another process: exit non-zero, for a process manager to restart.
         if options["once"] or conf.single_process:
+            if conf.max_jobs_per_child or conf.max_memory_per_child:
+                self.stderr.write(
+                    "max_jobs_per_child and max_memory_per_child apply to the supervisor's "
+                    "worker processes only; this single process is not recycled."
+                )
             abandoned = run_single_process(conf, lifecycle, once=options["once"])
             code = 1 if lifecycle.pruned else 0
             if abandoned:
