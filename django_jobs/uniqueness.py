@@ -70,7 +70,7 @@ CALLERS_TRANSACTION_NOTE = (
     "django-jobs: the database broke a deadlock by rolling back this transaction, which "
     "enqueued inside your atomic() block: nothing of that block was saved. Run the whole "
     "block again; an enqueue of a unique task in it will not make a second job. "
-    "See docs/unique.md, 'Deadlocks'."
+    "See docs/unique.md, 'Deadlocks on MySQL and MariaDB'."
 )
 
 
