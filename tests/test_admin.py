@@ -428,7 +428,7 @@ def test_the_stuck_page_knows_whether_a_dispatcher_is_running(admin_client):
     status, overdue = said()
     assert status == f"A dispatcher is running: {dispatcher.name}."
     assert "No dispatcher" not in text(admin_client.get(page("stuckjob")))
-    assert overdue.startswith("A dispatcher is running, so it is falling behind")
+    assert overdue.startswith("A dispatcher is running: a job listed here means it is falling")
 
     # Past the alive threshold it no longer counts.
     Process.objects.filter(pk=dispatcher.pk).update(

@@ -57,7 +57,10 @@ def kind_status(name: str, running: bool) -> str:
     """What the dispatcher's presence or absence says about one kind of stuck job."""
     if name == "scheduled_long_past_due":
         if running:
-            return "A dispatcher is running, so it is falling behind or failing: see its log."
+            return (
+                "A dispatcher is running: a job listed here means it is falling behind or "
+                "failing (see its log)."
+            )
         return "No dispatcher is running: start run_jobs."
     if name == "claimed_by_dead_process" and not running:
         return "No dispatcher is running: start run_jobs."
