@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Collection
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -279,7 +280,9 @@ def finish_job(db: str, job_id: int, process_id: int, return_value: object) -> b
     return job_id in finish_jobs(db, process_id, {job_id: return_value})
 
 
-def finish_jobs(db: str, process_id: int, return_values: dict[int, object]) -> set[int]:
+def finish_jobs(
+    db: str, process_id: int, return_values: dict[int, object], plain: Collection[int] = ()
+) -> set[int]:
     """Record the success of many jobs in one transaction; return the ids finished.
 
     Only jobs whose claim this process still holds are finalised (under the
@@ -287,9 +290,26 @@ def finish_jobs(db: str, process_id: int, return_values: dict[int, object]) -> s
     for it. Every key's semaphore is locked before any key's blocked jobs are
     promoted (:func:`~django_jobs.admission.release_slots`), and the batches are
     counted after every key (DESIGN.md section 4's lock order).
+
+    ``plain``: the ids the caller knows to have neither a concurrency key nor a
+    batch. On PostgreSQL those are finished first, in one statement of their own
+    (``pg_claims.finish_plain``, which checks it: a wrong hint costs a statement,
+    nothing else), and only the rest take the general transaction.
     """
     if not return_values:
         return set()
+    done: set[int] = set()
+    plain_values = {pk: return_values[pk] for pk in plain if pk in return_values}
+    if plain_values and connections[db].vendor == "postgresql":
+        done = pg_claims.finish_plain(db, process_id, plain_values, timezone.now())
+        if len(done) == len(return_values):
+            return done
+        return_values = {pk: value for pk, value in return_values.items() if pk not in done}
+    return done | finish_locked(db, process_id, return_values)
+
+
+def finish_locked(db: str, process_id: int, return_values: dict[int, object]) -> set[int]:
+    """The ORM's :func:`finish_jobs`: any job, keys and batches included."""
     with transaction.atomic(using=db):
         claims = list(
             ClaimedExecution.objects.using(db)

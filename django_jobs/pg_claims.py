@@ -1,4 +1,4 @@
-"""Claiming and starting on PostgreSQL in one statement each.
+"""Claiming, starting and finishing on PostgreSQL in one statement each.
 
 Through the ORM a claim is BEGIN, a locking SELECT, a read of the jobs, the
 claimed rows' INSERT, the ready rows' DELETE, the jobs' UPDATE and COMMIT:
@@ -8,6 +8,8 @@ with the same locks in the same order (ready rows with ``SKIP LOCKED``, then
 the jobs; for a start, this process's claimed rows, then the jobs), so the
 guarantees of ``claims.claim_jobs`` and ``claims.start_jobs`` hold unchanged.
 Queue caps (``max_concurrency``) keep the ORM path: they lock a cap row first.
+A finish is one statement for jobs with no concurrency key and no batch (those
+need their semaphore and batch rows in the same transaction: the ORM path).
 """
 
 from __future__ import annotations
@@ -102,3 +104,42 @@ def start_held(
         )
         for pk, attempts, worker_ids, started_at in rows
     }
+
+
+def finish_plain(
+    db: str, process_id: int, return_values: dict[int, object], now: datetime
+) -> set[int]:
+    """Record the success of the jobs of ``return_values`` that have neither a
+    concurrency key nor a batch and whose claim this process holds; return their ids.
+
+    One statement, atomic in autocommit, with ``claims.finish_jobs``'s locks in its
+    order: this process's claimed rows (``FOR UPDATE``; one deleted meanwhile by a
+    recovery is skipped: exactly once), then their jobs. Through the ORM the same
+    finish is BEGIN, the locking SELECT, the DELETE, the UPDATE, the return values'
+    UPDATE and COMMIT. The others are left to the caller.
+    """
+    connection = connections[db]
+    quote = connection.ops.quote_name
+    job, claimed = quote(Job._meta.db_table), quote(ClaimedExecution._meta.db_table)
+    encoder = Job._meta.get_field("return_value").encoder
+    ids = list(return_values)
+    values = [
+        None if value is None else json.dumps(value, cls=encoder)
+        for value in return_values.values()
+    ]
+    sql = (
+        f"WITH held AS (SELECT job_id FROM {claimed} WHERE process_id = %s "
+        f"AND job_id = ANY(%s) AND concurrency_key IS NULL AND batch_id IS NULL "
+        f"ORDER BY job_id FOR UPDATE), "
+        f"gone AS (DELETE FROM {claimed} AS c USING held WHERE c.job_id = held.job_id "
+        f"RETURNING c.job_id), "
+        f"outcome AS (SELECT * FROM UNNEST(%s::bigint[], %s::text[]) AS v(job_id, value)) "
+        f"UPDATE {job} SET status = %s, finished_at = %s, unique_lock = NULL, "
+        f"return_value = outcome.value::jsonb "
+        f"FROM gone JOIN outcome ON outcome.job_id = gone.job_id "
+        f"WHERE {job}.id = gone.job_id RETURNING {job}.id"
+    )
+    params = [process_id, ids, ids, values, JobStatus.SUCCEEDED, now]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {row[0] for row in cursor.fetchall()}

@@ -247,6 +247,13 @@ def test_maintenance_clears_completed_batches_with_the_finished_jobs(worker):
     done = enqueue_batch([], on_finish=bt.callback)
     open_batch = enqueue_batch(items(1))
     Batch.objects.update(created_at=timezone.now() - timedelta(days=30))
-    Batch.objects.filter(pk=done.id).update(finished_at=timezone.now() - timedelta(days=30))
+    long_ago = timezone.now() - timedelta(days=30)
+    Batch.objects.filter(pk=done.id).update(finished_at=long_ago)
+    # Kept while its callback has not ended: the callback reads its batch.
+    clear_finished_jobs(DB, older_than=86400)
+    assert sorted(Batch.objects.values_list("pk", flat=True)) == sorted([done.id, open_batch.id])
+    callback = Job.objects.get(task_path="tests.batch_tasks.callback")
+    ReadyExecution.objects.filter(job=callback).delete()  # as if it had run, long ago
+    Job.objects.filter(pk=callback.pk).update(status=JobStatus.SUCCEEDED, finished_at=long_ago)
     clear_finished_jobs(DB, older_than=86400)
     assert list(Batch.objects.values_list("pk", flat=True)) == [open_batch.id]

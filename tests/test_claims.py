@@ -637,12 +637,15 @@ def test_a_batched_start_counts_only_the_claims_still_held(worker):
     assert (rows[lost.pk].status, rows[lost.pk].attempts) == (JobStatus.READY, 0)
 
 
-def test_a_batched_finish_writes_only_the_claims_still_held(worker):
+@pytest.mark.parametrize("hinted", [False, True], ids=["general", "plain"])
+def test_a_batched_finish_writes_only_the_claims_still_held(worker, hinted):
+    """``plain`` (no key, no batch) takes PostgreSQL's one statement: the same rule."""
     bulk_enqueue([(tt.noop, (n,), {}) for n in range(2)])
     jobs = claim_jobs(DB, worker.pk, ALL, 2)
     kept, lost = start_jobs(DB, jobs, worker.pk, worker.name)
     assert recover_claim(DB, lost.pk, worker.pk, "pruned") == "failed"
-    assert finish_jobs(DB, worker.pk, {kept.pk: "kept", lost.pk: "lost"}) == {kept.pk}
+    plain = [kept.pk, lost.pk] if hinted else []
+    assert finish_jobs(DB, worker.pk, {kept.pk: "kept", lost.pk: "lost"}, plain) == {kept.pk}
     rows = {job.pk: job for job in Job.objects.all()}
     assert (rows[kept.pk].status, rows[kept.pk].return_value) == (JobStatus.SUCCEEDED, "kept")
     assert (rows[lost.pk].status, rows[lost.pk].return_value) == (JobStatus.FAILED, None)
@@ -650,12 +653,16 @@ def test_a_batched_finish_writes_only_the_claims_still_held(worker):
     assert not ClaimedExecution.objects.exists()
 
 
-def test_a_batched_finish_frees_each_keys_slot_for_its_next_job(worker):
+@pytest.mark.parametrize("hinted", [False, True], ids=["general", "wrongly-plain"])
+def test_a_batched_finish_frees_each_keys_slot_for_its_next_job(worker, hinted):
+    """A keyed job wrongly hinted as plain still frees its slot: the one statement
+    leaves it to the general path."""
     bulk_enqueue([(tt.one_at_a_time, (key, n), {}) for n in range(2) for key in ("b", "a")])
     holders = claim_jobs(DB, worker.pk, ALL, 10)
     assert sorted(job.concurrency_key for job in holders) == ["one/a", "one/b"]
     start_jobs(DB, holders, worker.pk, worker.name)
-    assert finish_jobs(DB, worker.pk, {job.pk: None for job in holders}) == {
+    plain = [job.pk for job in holders] if hinted else []
+    assert finish_jobs(DB, worker.pk, {job.pk: None for job in holders}, plain) == {
         job.pk for job in holders
     }
     assert not BlockedExecution.objects.exists()

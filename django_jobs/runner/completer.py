@@ -106,10 +106,16 @@ def write_successes(ctx: ExecutionContext, batch: list[Success]) -> None:
     """Finalise ``batch`` in one transaction (riding out outages), then log and signal
     each success recorded. Also the whole finish of a worker without a completer."""
     values = {success.job.pk: success.value for success in batch}
+    # Neither a key nor a batch: on PostgreSQL their finish is one statement.
+    plain = [
+        success.job.pk
+        for success in batch
+        if not success.job.concurrency_key and success.job.batch_id is None
+    ]
     done = persist(
         ctx,
         f"finishing job{'s' if len(values) > 1 else ''} {', '.join(map(str, values))}",
-        lambda: finish_jobs(ctx.db, ctx.process_id, values),
+        lambda: finish_jobs(ctx.db, ctx.process_id, values, plain),
     )
     if done is None:
         logger.error(
