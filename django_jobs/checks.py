@@ -13,6 +13,7 @@ from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 
 from .conf import SETTINGS_NAME, JobsSettings, did_you_mean
 from .exceptions import InvalidTaskArguments, TaskNotFound
+from .job_task import bound_arguments
 from .loading import load_task
 from .queues import QueueSelector
 from .recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_zone
@@ -360,13 +361,31 @@ def recurring_task_checks(where: str, entry: Mapping[str, Any], db: str) -> list
                 id="django_jobs.E020",
             )
         ]
+    errors = recurring_binding_checks(where, task, entry)
     queue = entry.get("queue_name") or task.queue_name
     if isinstance(queue, str) and backend.queues and queue not in backend.queues:
-        return [
+        errors.append(
             Error(
                 f"{where}: queue {queue!r} is not in the QUEUES of task backend {backend.alias!r}.",
                 hint=f"Known queues: {', '.join(sorted(backend.queues))}.",
                 id="django_jobs.E017",
             )
-        ]
+        )
+    return errors
+
+
+def recurring_binding_checks(where: str, task: Task, entry: Mapping[str, Any]) -> list[Any]:
+    """The entry's arguments fit the task's function: every tick's enqueue binds them, and
+    would otherwise fail at each tick, in the scheduler's log only."""
+    args, kwargs = entry.get("args", []), entry.get("kwargs", {})
+    if not isinstance(args, list | tuple) or not isinstance(kwargs, Mapping):
+        return []  # recurring_value_checks reports these
+    try:
+        json_args, json_kwargs = json_arguments(args, kwargs)
+    except InvalidTaskArguments:
+        return []  # recurring_value_checks reports it: one E016 for the arguments
+    try:
+        bound_arguments(task, json_args, json_kwargs)
+    except InvalidTaskArguments as exc:
+        return [Error(f"{where}: {exc}", id="django_jobs.E016")]
     return []

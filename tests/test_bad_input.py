@@ -235,6 +235,12 @@ def test_an_unknown_recurring_entry_key_gets_a_suggestion():
     assert error.hint.startswith("Did you mean 'queue_name'? Known keys: ")
 
 
+def test_recurring_arguments_the_function_would_refuse_are_a_check_error():
+    entry = {"task": "tests.tasks.add", "schedule": "@daily", "args": [1]}
+    error = by_id(checked({"recurring": {"x": entry}}), "E016")
+    assert error.msg.endswith("tests.tasks.add(a, b): missing a required argument: 'b'")
+
+
 def test_a_misspelt_task_option_gets_a_suggestion():
     with pytest.raises(TypeError, match=r"max_attempt\. Did you mean 'max_attempts'\?"):
         jobs_task(tasks.echo.func, max_attempt=3)

@@ -362,7 +362,7 @@ GOOD = {"task": "tests.tasks.add", "schedule": "every 5 minutes", "args": [1, 2]
         (["not", "a", "dict"], ["django_jobs.E010"]),
         ({"x": "0 3 * * *"}, ["django_jobs.E010"]),
         ({"x": {**GOOD, "queue": "reports"}}, ["django_jobs.E011"]),
-        ({"x": {"task": "tests.tasks.add"}}, ["django_jobs.E012"]),
+        ({"x": {"task": "tests.tasks.add", "args": [1, 2]}}, ["django_jobs.E012"]),
         ({"x": {"schedule": "@daily"}}, ["django_jobs.E012"]),
         ({"x": {**GOOD, "schedule": "0 3 * *"}}, ["django_jobs.E013"]),
         ({"x": {**GOOD, "schedule": "every 0 seconds"}}, ["django_jobs.E013"]),
