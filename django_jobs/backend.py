@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -64,26 +66,35 @@ class JobsBackend(BaseTaskBackend):
         attempt = 1
         while True:
             try:
-                return self.write_calls(calls, batch)
+                results, new = self.write_calls(calls, batch)
+                break
             except OperationalError as exc:
                 if not retry_after(exc, attempt, own_transaction=own_transaction):
                     raise
             attempt += 1
+        # Outside the retried part: a receiver's error must never enqueue the calls again.
+        self.enqueued(new)
+        return results
 
-    def write_calls(self, calls: list[Call], batch: Batch | None) -> list[TaskResult]:
-        """One attempt at :meth:`bulk_enqueue`: prepare every job, then write them all."""
+    def write_calls(
+        self, calls: list[Call], batch: Batch | None
+    ) -> tuple[list[TaskResult], list[TaskResult]]:
+        """One attempt at :meth:`bulk_enqueue`: prepare every job, then write them all.
+
+        Returns every call's result, and the results of the jobs it added (not a
+        duplicate's holder), for the ``task_enqueued`` signal.
+        """
         checked: dict[int, dict[str, Any]] = {}  # id(task) -> its options, validated once
         prepared = [
             self.prepare_job(task, args, kwargs, batch, checked) for task, args, kwargs in calls
         ]
-        if not prepared:
-            return []
         db = self.database
         quick = [job for job, _ in prepared if can_insert_in_one_statement(db, job)]
         if len(quick) == len(prepared) and len(quick) <= CHUNK_SIZE:
             # One statement, atomic on its own: no BEGIN/COMMIT round trips.
             insert_ready_jobs(db, quick)
-            return self.enqueued([build_result(job, task=task) for job, task in prepared])
+            results = [build_result(job, task=task) for job, task in prepared]
+            return results, results
         holders: dict[int, Job] = {}
         with transaction.atomic(using=db):
             insert_ready_jobs(db, quick)
@@ -128,14 +139,12 @@ class JobsBackend(BaseTaskBackend):
             held[index] if index in held else build_result(job, task=task)
             for index, (job, task) in enumerate(prepared)
         ]
-        self.enqueued([result for index, result in enumerate(results) if index not in held])
-        return results
+        return results, [result for index, result in enumerate(results) if index not in held]
 
-    def enqueued(self, results: list[TaskResult]) -> list[TaskResult]:
+    def enqueued(self, results: list[TaskResult]) -> None:
         """Send ``task_enqueued`` for each new job's result."""
         for result in results:
             task_enqueued.send(type(self), task_result=result)
-        return results
 
     def prepare_job(
         self,
@@ -192,6 +201,7 @@ class JobsBackend(BaseTaskBackend):
             run_after=task.run_after,
             enqueued_at=now,
             max_attempts=options["max_attempts"],
+            timeout=timeout_seconds(options["timeout"]),
             backoff=backoff_to_json(options["backoff"]),
             concurrency_key=key,
             concurrency_limit=limit if key else None,
@@ -221,3 +231,7 @@ class JobsBackend(BaseTaskBackend):
         from .checks import backend_checks
 
         return backend_checks(self)
+
+
+def timeout_seconds(timeout: float | timedelta | None) -> float | None:
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
