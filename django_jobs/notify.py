@@ -220,7 +220,9 @@ class Notifier:
         self.params = params  # a callable returning psycopg.connect's keyword arguments
         self.max_delay = max_delay  # of the backoff; default: db_retry_max_delay
         self.idle_close = idle_close
-        self.lock = threading.Lock()
+        # Reentrant: an enqueue from a signal handler that interrupted a hand-over in the
+        # same thread must not deadlock on it.
+        self.lock = threading.RLock()
         self.wanted = threading.Condition(self.lock)  # something to send, or stop
         self.settled = threading.Condition(self.lock)  # a round is over
         self.pending: set[str] = set()
