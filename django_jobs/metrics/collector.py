@@ -1,0 +1,166 @@
+"""``JobsCollector``: the jobs database as Prometheus gauges, read at each scrape.
+
+A custom collector rather than counters updated by the code that runs jobs: those
+would live in each process's memory, so one web process would see only its own
+enqueues and none of the workers' runs. Reading the database at scrape time gives
+the same answer from any process, with any number of workers on any number of hosts.
+
+Register it yourself to add the metrics to an endpoint you already serve::
+
+    from prometheus_client import REGISTRY
+    from django_jobs.metrics.collector import JobsCollector
+
+    REGISTRY.register(JobsCollector())
+
+Every scrape of that registry then queries the jobs database (docs/metrics.md says
+what it costs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..conf import JobsSettings
+from ..models import Process
+from .facts import OUTCOMES, PENDING_STATES, Facts, gather
+
+PREFIX = "django_jobs"
+PROCESS_LABELS = ["process", "kind", "host"]
+
+
+def families() -> dict[str, GaugeMetricFamily]:
+    """Every metric, empty: ``describe()`` lists them, ``collect()`` fills them."""
+
+    def gauge(name: str, documentation: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+        return GaugeMetricFamily(f"{PREFIX}_{name}", documentation, labels=labels or [])
+
+    return {
+        "jobs": gauge(
+            "jobs",
+            "Jobs waiting or running, per queue and state "
+            "(ready, scheduled, blocked, running: claimed by a worker).",
+            ["queue", "state"],
+        ),
+        "oldest_ready": gauge(
+            "oldest_ready_job_age_seconds",
+            "Seconds since the queue's oldest ready job became ready; 0 with none ready.",
+            ["queue"],
+        ),
+        "paused": gauge("queue_paused", "1 if the queue is paused, else 0.", ["queue"]),
+        "minute": gauge(
+            "finished_jobs_last_minute",
+            "Jobs that finished in the last 60 seconds, per queue and outcome "
+            "(succeeded, failed, discarded).",
+            ["queue", "status"],
+        ),
+        "hour": gauge(
+            "finished_jobs_last_hour",
+            "Jobs that finished in the last hour, per queue (any outcome).",
+            ["queue"],
+        ),
+        "hour_failed": gauge(
+            "failed_jobs_last_hour", "Jobs that failed in the last hour, per queue.", ["queue"]
+        ),
+        "blocked_keys": gauge(
+            "blocked_keys", "Concurrency keys with at least one blocked job (all of them)."
+        ),
+        "key_blocked": gauge(
+            "key_blocked_jobs",
+            "Blocked jobs of the concurrency keys with the most (top N, DJANGO_JOBS_METRICS).",
+            ["key"],
+        ),
+        "key_oldest": gauge(
+            "key_oldest_blocked_job_age_seconds",
+            "Seconds the key's oldest blocked job has waited (same top N keys).",
+            ["key"],
+        ),
+        "key_holders": gauge(
+            "key_holders",
+            "Jobs holding a slot of the key: ready or claimed, leases not expired "
+            "(same top N keys).",
+            ["key"],
+        ),
+        "key_limit": gauge("key_limit", "The key's concurrency limit (same top N keys).", ["key"]),
+        "processes": gauge(
+            "processes",
+            "run_jobs processes registered, per kind and state (alive, dead: heartbeat "
+            "older than alive_threshold, not yet pruned).",
+            ["kind", "state"],
+        ),
+        "heartbeat": gauge(
+            "process_heartbeat_age_seconds",
+            "Seconds since the process's last heartbeat.",
+            PROCESS_LABELS,
+        ),
+        "alive": gauge(
+            "process_alive", "1 if the heartbeat is within alive_threshold, else 0.", PROCESS_LABELS
+        ),
+        "running": gauge("process_running_jobs", "Jobs the process holds claimed.", PROCESS_LABELS),
+    }
+
+
+def seconds_since(moment: datetime | None, now: datetime) -> float:
+    """Age in seconds, never negative (another host's clock may run a little ahead)."""
+    return max(0.0, (now - moment).total_seconds()) if moment is not None else 0.0
+
+
+def fill(metrics: dict[str, GaugeMetricFamily], facts: Facts) -> None:
+    """Add one sample per series to ``metrics`` from ``facts``."""
+    now = facts.taken_at
+    for queue, counts in facts.queues.items():
+        for state in PENDING_STATES:
+            metrics["jobs"].add_metric([queue, state], counts[state])
+        metrics["oldest_ready"].add_metric(
+            [queue], seconds_since(facts.oldest_ready_at.get(queue), now)
+        )
+        metrics["paused"].add_metric([queue], 1 if queue in facts.paused else 0)
+        minute = facts.finished_last_minute.get(queue, {})
+        for status in OUTCOMES:
+            metrics["minute"].add_metric([queue, str(status)], minute.get(str(status), 0))
+        metrics["hour"].add_metric([queue], counts["finished_last_hour"])
+        metrics["hour_failed"].add_metric([queue], counts["failed_last_hour"])
+    metrics["blocked_keys"].add_metric([], facts.blocked_key_count)
+    for key in facts.top_blocked_keys:
+        metrics["key_blocked"].add_metric([key.key], key.blocked)
+        metrics["key_oldest"].add_metric([key.key], seconds_since(key.oldest_blocked_at, now))
+        metrics["key_holders"].add_metric([key.key], key.holders)
+        if key.limit is not None:
+            metrics["key_limit"].add_metric([key.key], key.limit)
+    # Every kind and state, also at 0: "no live worker" is a value, not a missing series.
+    tally = {(kind, state): 0 for kind in Process.Kind.values for state in ("alive", "dead")}
+    for process in facts.processes:
+        state = "alive" if process.alive else "dead"
+        tally[process.kind, state] = tally.get((process.kind, state), 0) + 1
+        labels = [process.name, process.kind, process.hostname]
+        metrics["heartbeat"].add_metric(labels, seconds_since(process.last_heartbeat_at, now))
+        metrics["alive"].add_metric(labels, 1 if process.alive else 0)
+        metrics["running"].add_metric(labels, len(process.running_jobs))
+    for (kind, state), n in sorted(tally.items()):
+        metrics["processes"].add_metric([kind, state], n)
+
+
+class JobsCollector(Collector):
+    """Collects the jobs metrics from the database on every ``collect()``.
+
+    ``top_keys``: how many concurrency keys get series of their own (those with the
+    most blocked jobs); ``conf``: the ``DJANGO_JOBS`` settings to read the database
+    alias and alive threshold from (loaded at each collect when None).
+    """
+
+    def __init__(self, top_keys: int = 20, conf: JobsSettings | None = None) -> None:
+        self.top_keys = top_keys
+        self.conf = conf
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Without this a registry with auto_describe (the global REGISTRY) would call
+        # collect(), and so query the database, when the collector is registered.
+        yield from families().values()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        metrics = families()
+        fill(metrics, gather(self.top_keys, self.conf))
+        yield from metrics.values()
