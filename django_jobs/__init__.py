@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from django.tasks import Task, TaskResult
 
-__all__ = ["Exponential", "bulk_enqueue", "enqueue_batch", "enqueue_on_commit", "task"]
+__all__ = [
+    "Exponential",
+    "acancel",
+    "bulk_enqueue",
+    "cancel",
+    "cancel_requested",
+    "enqueue_batch",
+    "enqueue_on_commit",
+    "task",
+]
 
 
 def task(*args: Any, **kwargs: Any) -> Any:
@@ -60,6 +69,39 @@ def enqueue_on_commit(task: Task, *args: Any, using: str | None = None, **kwargs
     from .conf import database_alias
 
     transaction.on_commit(lambda: task.enqueue(*args, **kwargs), using=using or database_alias())
+
+
+def cancel(result_id: str | int, *, using: str | None = None) -> str:
+    """Cancel a job by its result id.
+
+    A waiting job (ready, scheduled, blocked) ends at once: ``"cancelled"``. A
+    claimed or running one is asked to stop, and its worker stops it (see
+    docs/control.md): ``"requested"``. Either way it ends ``FAILED`` with a
+    ``JobCancelled`` error and is never retried. Raises ``JobNotFound`` for an
+    unknown id and ``JobAlreadyFinished`` for a job that has ended.
+    """
+    from .cancellation import cancel_job
+    from .conf import database_alias
+
+    return cancel_job(using or database_alias(), int(result_id))
+
+
+async def acancel(result_id: str | int, *, using: str | None = None) -> str:
+    """``cancel()`` for async code."""
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(cancel)(result_id, using=using)
+
+
+def cancel_requested() -> bool:
+    """Inside a running job: True once it has been cancelled or has timed out.
+
+    Check it between steps of a long task to stop cleanly before the worker
+    interrupts the thread by force. Outside a job: False.
+    """
+    from .runner.watchdog import cancel_requested as requested
+
+    return requested()
 
 
 def __getattr__(name: str) -> Any:

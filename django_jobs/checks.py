@@ -180,6 +180,7 @@ def number_checks(conf: JobsSettings) -> list[Any]:
         "heartbeat_interval",
         "alive_threshold",
         "shutdown_timeout",
+        "interrupt_grace",
     ):
         value = getattr(conf, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:

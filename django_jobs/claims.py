@@ -434,10 +434,20 @@ def recover_claim(db: str, job_id: int, process_id: int, reason: str) -> str | N
         claim = lock_own_claim(db, job_id, process_id)
         if claim is None:
             return None
-        status = Job.objects.using(db).filter(pk=job_id).values_list("status", flat=True).get()
+        status, cancel_requested_at = (
+            Job.objects.using(db)
+            .filter(pk=job_id)
+            .values_list("status", "cancel_requested_at")
+            .get()
+        )
         if status == JobStatus.RUNNING:
             error = ErrorInfo("django_jobs.exceptions.ProcessDied", reason, reason)
-            outcome = fail_claimed(db, claim, error, worker_id="", retry=True)
+            if cancel_requested_at is not None:
+                # Cancelled while it ran: never retried, even when its worker died first.
+                message = f"cancelled; {reason}"
+                error = ErrorInfo("django_jobs.exceptions.JobCancelled", message, message)
+            retry = cancel_requested_at is None
+            outcome = fail_claimed(db, claim, error, worker_id="", retry=retry)
             return "retried" if outcome.will_retry else "failed"
         release_claimed(db, claim)
         return "released"

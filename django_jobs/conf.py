@@ -31,6 +31,9 @@ class JobsSettings:
     heartbeat_interval: float = 60.0
     alive_threshold: float = 300.0
     shutdown_timeout: float = 5.0
+    # Seconds a cancelled job gets to stop by itself before its thread is interrupted,
+    # and an interrupted job to end before it counts as stuck (docs/control.md).
+    interrupt_grace: float = 5.0
     maintenance_interval: float = 60.0
     # Seconds to keep finished jobs (results readable) before maintenance deletes them;
     # None keeps them forever.

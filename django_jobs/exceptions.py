@@ -19,3 +19,28 @@ class ProcessDied(Exception):
 
 class WorkerShutdown(Exception):
     """Recorded as a job's error when a shutdown timeout cut its attempt short."""
+
+
+class JobInterrupted(BaseException):
+    """Raised inside a running job's thread to stop it (see docs/control.md).
+
+    A ``BaseException``, like ``KeyboardInterrupt``: the ``except Exception`` of a
+    task's retry loop or error handler does not swallow it by accident.
+    """
+
+
+class JobCancelled(JobInterrupted):
+    """Recorded as a job's error when ``django_jobs.cancel()`` stopped it; never retried."""
+
+
+class JobTimeout(JobInterrupted):
+    """Recorded as a job's error when an attempt ran past the task's ``timeout``;
+    retried while attempts remain."""
+
+
+class JobNotFound(LookupError):
+    """``cancel()`` was given the id of no job."""
+
+
+class JobAlreadyFinished(ValueError):
+    """``cancel()`` was given a job that has already ended: nothing to cancel."""

@@ -35,6 +35,7 @@ JOB_OPTION_NAMES = (
     "on_conflict",
     "unique_key",
     "unique_until",
+    "timeout",
 )
 ON_CONFLICT_CHOICES = ("block", "discard")
 UNIQUE_UNTIL_CHOICES = ("start", "finish")
@@ -51,6 +52,7 @@ class JobTask(Task):
     on_conflict: str = "block"
     unique_key: ConcurrencyKey = None
     unique_until: str = "finish"
+    timeout: float | timedelta | None = None
 
     def __post_init__(self) -> None:
         validate_job_options(self)
@@ -214,6 +216,11 @@ def validate_job_options(task: JobTask) -> None:
         seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
             raise InvalidTask("concurrency_duration must be a number of seconds > 0 or a timedelta")
+    timeout = task.timeout
+    if timeout is not None:
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+            raise InvalidTask("timeout must be a number of seconds > 0 or a timedelta")
     if task.on_conflict not in ON_CONFLICT_CHOICES:
         raise InvalidTask(f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}")
     if task.unique_until not in UNIQUE_UNTIL_CHOICES:
@@ -301,6 +308,7 @@ def job_options(task: Task) -> dict[str, Any]:
         "on_conflict": "block",
         "unique_key": None,
         "unique_until": "finish",
+        "timeout": None,
     }
 
 

@@ -101,6 +101,11 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     attempts = models.PositiveIntegerField(default=0)
+    # Seconds one attempt may run before it is interrupted (JobTimeout); None: no limit.
+    timeout = models.FloatField(null=True, blank=True)
+    # Set by django_jobs.cancel(): a waiting job is cancelled at once, a running one is
+    # asked to stop; read by its worker (and by recovery, if that worker dies).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
     max_attempts = models.PositiveIntegerField(default=1)
     backoff = models.JSONField(null=True, blank=True)
     worker_ids = models.JSONField(default=list)

@@ -91,6 +91,7 @@ DJANGO_JOBS = {
     "heartbeat_interval": env.float("JOBS_HEARTBEAT_INTERVAL", default=60.0),
     "alive_threshold": env.float("JOBS_ALIVE_THRESHOLD", default=300.0),
     "shutdown_timeout": env.float("JOBS_SHUTDOWN_TIMEOUT", default=5.0),
+    "interrupt_grace": env.float("JOBS_INTERRUPT_GRACE", default=5.0),
     # "queue=N,other=M": queue-wide caps across all workers.
     "max_concurrency": {
         queue: int(cap) for queue, cap in env.dict("JOBS_MAX_CONCURRENCY", default={}).items()

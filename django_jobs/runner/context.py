@@ -16,6 +16,7 @@ from .lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from .completer import Completer
+    from .watchdog import Watchdog
 
 
 @dataclass
@@ -27,6 +28,8 @@ class ExecutionContext:
     db_retry_max_delay: float
     # Where successes go to be written in batches; None writes each in its own thread.
     completer: Completer | None = None
+    # Enforces timeouts and cancel requests; None runs jobs unwatched (tests).
+    watchdog: Watchdog | None = None
 
 
 def describe(job: Job) -> str:

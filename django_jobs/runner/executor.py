@@ -13,13 +13,14 @@ from django.tasks.signals import task_finished, task_started
 
 from ..batches import current_job_id
 from ..claims import ErrorInfo, fail_job, release_job, start_jobs
-from ..exceptions import TaskNotFound
+from ..exceptions import JobInterrupted, TaskNotFound
 from ..loading import load_task
 from ..models import Job, JobStatus
 from ..results import build_result
 from ..serialization import json_return_value
 from .completer import Success, write_successes
 from .context import ExecutionContext, describe, persist
+from .watchdog import Control, current_control
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -92,6 +93,22 @@ def start_claimed(jobs: list[Job], ctx: ExecutionContext) -> list[Job]:
     return persist(ctx, f"starting {len(jobs)} job(s)", start_once(jobs, ctx)) or []
 
 
+def interrupted(control: Control, exc: BaseException, duration: float) -> ErrorInfo:
+    """The error of an attempt that was cancelled or timed out, whatever it raised."""
+    kind = control.exception()
+    what = (
+        "cancelled"
+        if control.cancelled
+        else f"timed out: still running after its timeout of {control.timeout:g}s"
+    )
+    message = f"{what} (ran {duration:.3f}s)"
+    if not isinstance(exc, JobInterrupted):
+        message += f"; it raised {type(exc).__name__}: {exc}"
+    return ErrorInfo(
+        f"{kind.__module__}.{kind.__qualname__}", message, "".join(traceback.format_exception(exc))
+    )
+
+
 def call_task(task: Task, job: Job, result: TaskResult) -> object:
     """The task's function, called with the job as the running one (for nested batches)."""
     running = current_job_id.set(job.pk)
@@ -137,15 +154,37 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
     task_started.send(type(task.get_backend()), task_result=result)
     logger.info("job started %s", describe(job))
     began = time.monotonic()
+    control = ctx.watchdog.watch(job) if ctx.watchdog is not None else None
+    token = current_control.set(control)
     try:
-        value = json_return_value(call_task(task, job, result))
+        try:
+            if control is not None and control.reason is not None:
+                raise control.exception()  # cancelled before its body began
+            value = call_task(task, job, result)
+        finally:
+            # The body has ended: nothing may interrupt this thread for it any more.
+            if control is not None:
+                ctx.watchdog.forget(control)
+            current_control.reset(token)
+        if control is not None and control.cancelled:
+            # It saw cancel_requested() and returned: cancelled all the same.
+            raise control.exception()
+        value = json_return_value(value)
     except BaseException as exc:  # SystemExit/KeyboardInterrupt of a task must not kill us
+        if control is not None:
+            ctx.watchdog.forget(control)
         duration = time.monotonic() - began
         error = error_info(exc)
+        if control is not None and control.reason is not None:
+            error = interrupted(control, exc, duration)
+        # A cancelled job is never retried, whatever its body raised on the way out.
+        may_retry = control is None or not control.cancelled
         outcome = persist(
             ctx,
             f"failing job {job.pk}",
-            lambda: fail_job(ctx.db, job.pk, ctx.process_id, error, worker_id=ctx.worker_id),
+            lambda: fail_job(
+                ctx.db, job.pk, ctx.process_id, error, worker_id=ctx.worker_id, retry=may_retry
+            ),
         )
         if outcome is None:
             logger.warning("job %s failed but its claim was already settled elsewhere", job.pk)

@@ -36,6 +36,9 @@ class Lifecycle:
         self.signalled = threading.Event()
         # Why this worker process stops by itself to be replaced (None: it does not).
         self.recycling: str | None = None
+        # Jobs whose body could not be interrupted: the process exits leaving their
+        # claims to recovery, which must wait until it is gone (their slots with them).
+        self.stuck_jobs: set[int] = set()
 
     def request_stop(self, reason: str = "") -> None:
         if not self.stopping.is_set():
@@ -99,6 +102,11 @@ class Lifecycle:
         """Stop taking work and exit once the running jobs are done, to be replaced."""
         self.recycling = reason
         self.request_stop(f"recycling: {reason}")
+
+    def request_abandon(self, job_id: int) -> None:
+        """A job cannot be stopped: stop taking work, end the others, exit without it."""
+        self.stuck_jobs.add(job_id)
+        self.request_stop(f"job {job_id} cannot be interrupted")
 
     def sleep(self, seconds: float) -> None:
         """Sleep until the timeout or a wake-up (work finished, a signal)."""

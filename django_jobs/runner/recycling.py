@@ -15,6 +15,9 @@ import time
 
 # The exit code of a worker process that stopped to be replaced (EX_TEMPFAIL).
 RECYCLE_EXIT_CODE = 75
+# ... and of one that left a job it could not interrupt (runner/watchdog.py): its
+# supervisor settles that job's claim now that the process is gone.
+ABANDONED_EXIT_CODE = 76
 
 # Reading /proc costs a system call: at most once per this many seconds.
 MEMORY_CHECK_INTERVAL = 1.0

@@ -52,7 +52,10 @@ def registered(
         yield process
     finally:
         beat.stop()
-        if settle_when_immediate or not lifecycle.immediate.is_set():
+        # A stuck job's claim must outlive this process: its supervisor (or pruning)
+        # settles it once the process, and so the job's thread, is gone.
+        abandoning = bool(lifecycle.stuck_jobs) and not settle_when_immediate
+        if not abandoning and (settle_when_immediate or not lifecycle.immediate.is_set()):
             retry_until_done(
                 db,
                 f"deregistering the {kind}",

@@ -28,7 +28,7 @@ from .dispatcher import Dispatcher
 from .entry import child_main
 from .lifecycle import Lifecycle
 from .logs import configure_logging
-from .recycling import RECYCLE_EXIT_CODE
+from .recycling import ABANDONED_EXIT_CODE, RECYCLE_EXIT_CODE
 from .registration import registered
 from .scheduler import run_scheduler
 from .worker import Worker
@@ -81,7 +81,9 @@ def run_child(kind: str, overrides: dict[str, Any], supervisor_id: int, verbosit
     code = 0
     try:
         run_role(kind, conf, lifecycle, supervisor_id)
-        if lifecycle.recycling and not lifecycle.signalled.is_set():
+        if lifecycle.stuck_jobs:
+            code = ABANDONED_EXIT_CODE
+        elif lifecycle.recycling and not lifecycle.signalled.is_set():
             code = RECYCLE_EXIT_CODE
     finally:
         logging.shutdown()
@@ -166,6 +168,21 @@ class Supervisor:
             # It stopped by itself with nothing left behind: a replacement, at once.
             logger.info("%s process %s recycled; starting a fresh one", child.kind, pid)
             self.recover_child(pid, f"{child.kind} process {pid} recycled")
+            child.restarts += 1
+            self.start(child)
+            return
+        if code == ABANDONED_EXIT_CODE:
+            logger.warning(
+                "%s process %s exited, leaving a job it could not interrupt; recovering it "
+                "and starting a fresh process",
+                child.kind,
+                pid,
+            )
+            self.recover_child(
+                pid,
+                f"{child.kind} process {pid} exited: the job ran past its timeout or cancel "
+                "and could not be interrupted",
+            )
             child.restarts += 1
             self.start(child)
             return

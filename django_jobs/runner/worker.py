@@ -24,6 +24,7 @@ from .executor import execute_job, start_claimed
 from .lifecycle import Lifecycle
 from .listener import start_listener
 from .recycling import RecyclePolicy
+from .watchdog import Watchdog
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -68,6 +69,8 @@ class Worker:
         )
         self.completer = Completer(self.ctx, on_written=lifecycle.wake.set)
         self.ctx.completer = self.completer
+        self.watchdog = Watchdog(self.db, conf.interrupt_grace, lifecycle.request_abandon)
+        self.ctx.watchdog = self.watchdog
         self.lock = threading.Lock()
         self.running: dict[int, Job] = {}
         self.pool = ThreadPoolExecutor(conf.threads, thread_name_prefix="django-jobs-worker")
@@ -99,6 +102,7 @@ class Worker:
     def run(self) -> None:
         backoff = Backoff(self.conf.db_retry_max_delay)
         self.completer.start()
+        self.watchdog.start()
         # On PostgreSQL, a NOTIFY for a new ready job sets wake (see listener.py).
         listener = None if self.once else start_listener(self.conf, self.selector, self.lifecycle)
         try:
@@ -140,6 +144,7 @@ class Worker:
             if listener is not None:
                 listener.stop()
             self.shutdown()
+            self.watchdog.stop()
 
     def queue_is_empty(self) -> bool:
         """In --once mode: nothing due or ready for our queues, nothing of ours claimed."""
@@ -207,6 +212,11 @@ class Worker:
                 self.running.pop(job.pk, None)
             self.lifecycle.wake.set()
 
+    def running_besides_stuck(self) -> bool:
+        """Jobs still running that may yet end (a stuck one will not: no use waiting)."""
+        with self.lock:
+            return any(pk not in self.lifecycle.stuck_jobs for pk in self.running)
+
     def shutdown(self) -> None:
         """Let running jobs finish up to the shutdown timeout; settle the rest.
 
@@ -214,10 +224,14 @@ class Worker:
         until a stop signal arrives: then the shutdown timeout runs from there.
         """
         deadline = time.monotonic() + self.conf.shutdown_timeout
-        while self.running and self.lifecycle.recycling and not self.lifecycle.signalled.is_set():
+        while (
+            self.running_besides_stuck()
+            and self.lifecycle.recycling
+            and not self.lifecycle.signalled.is_set()
+        ):
             self.lifecycle.signalled.wait(0.05)
             deadline = time.monotonic() + self.conf.shutdown_timeout
-        while self.running and time.monotonic() < deadline:
+        while self.running_besides_stuck() and time.monotonic() < deadline:
             if self.lifecycle.immediate.wait(0.05):
                 break
         if not self.lifecycle.immediate.is_set():
@@ -231,8 +245,10 @@ class Worker:
             return
         with self.lock:
             leftovers = list(self.running.values())
+        # A stuck job keeps its claim: settled only once this process is gone.
         for job in leftovers:
-            self.settle_interrupted(job)
+            if job.pk not in self.lifecycle.stuck_jobs:
+                self.settle_interrupted(job)
         self.abandoned = len(leftovers)
         self.pool.shutdown(wait=not leftovers, cancel_futures=True)
         close_old_connections()

@@ -108,7 +108,9 @@ class Command(BaseCommand):
                     "worker processes only; this single process is not recycled."
                 )
             abandoned = run_single_process(conf, lifecycle, once=options["once"])
-            code = 1 if lifecycle.pruned else 0
+            # Pruned as dead, or left a job it could not interrupt: a process manager
+            # should start a fresh one.
+            code = 1 if lifecycle.pruned or lifecycle.stuck_jobs else 0
             if abandoned:
                 # Threads of jobs cut off at the shutdown timeout cannot be joined.
                 logging.shutdown()

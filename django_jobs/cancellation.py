@@ -1,0 +1,93 @@
+"""Cancelling a job: at once while it waits, by asking its worker while it runs.
+
+The request is a column (``Job.cancel_requested_at``), set first in a statement
+of its own, so it reaches whoever holds the job next: the worker running it
+(its watchdog polls the column, see runner/watchdog.py), a worker that claims
+it an instant later, and recovery if that worker dies. A waiting job (ready,
+scheduled, blocked) is then ended in the same transaction shape as a discard:
+its key's semaphore locked first, its waiting row deleted, its slot recounted
+and the next blocked job promoted, its batch counted. It ends ``FAILED`` with a
+``JobCancelled`` error and is never retried.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from .admission import reconcile_key
+from .batches import count_outcome
+from .deletion import delete_executions
+from .exceptions import JobAlreadyFinished, JobNotFound
+from .models import (
+    FINISHED_STATUSES,
+    BlockedExecution,
+    FailedExecution,
+    Job,
+    JobStatus,
+    ReadyExecution,
+    ScheduledExecution,
+    Semaphore,
+)
+
+CANCELLED_ERROR = "django_jobs.exceptions.JobCancelled"
+CANCELLED, REQUESTED = "cancelled", "requested"
+
+
+def cancel_job(db: str, job_id: int) -> str:
+    """Cancel job ``job_id``: ``"cancelled"`` if it was waiting and has ended now,
+    ``"requested"`` if it is claimed or running and its worker will stop it.
+
+    Raises :class:`JobNotFound` for an unknown id and :class:`JobAlreadyFinished`
+    for a job that has ended (nothing is changed either way).
+    """
+    now = timezone.now()
+    requested = (
+        Job.objects.using(db)
+        .filter(pk=job_id)
+        .exclude(status__in=FINISHED_STATUSES)
+        .update(cancel_requested_at=Coalesce(F("cancel_requested_at"), now))
+    )
+    if not requested:
+        status = Job.objects.using(db).filter(pk=job_id).values_list("status", flat=True).first()
+        if status is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        raise JobAlreadyFinished(f"job {job_id} has already ended ({status}): nothing to cancel")
+    return CANCELLED if end_waiting_job(db, job_id, now) else REQUESTED
+
+
+def end_waiting_job(db: str, job_id: int, now) -> bool:
+    """End a waiting job as cancelled; False if it is not waiting (claimed, running)."""
+    with transaction.atomic(using=db):
+        key, batch_id, attempts = (
+            Job.objects.using(db)
+            .filter(pk=job_id)
+            .values_list("concurrency_key", "batch_id", "attempts")
+            .get()
+        )
+        if key:  # lock order: the key's semaphore, then its rows (DESIGN.md section 4)
+            list(Semaphore.objects.using(db).select_for_update().filter(key=key).values("pk"))
+        deleted = sum(
+            delete_executions(db, table, [job_id])
+            for table in (ReadyExecution, ScheduledExecution, BlockedExecution)
+        )
+        if not deleted:
+            return False
+        message = "cancelled before it ran" if attempts == 0 else "cancelled while waiting"
+        FailedExecution.objects.using(db).create(
+            job_id=job_id,
+            attempt=attempts,
+            exception_class_path=CANCELLED_ERROR,
+            message=message,
+            traceback="",
+            failed_at=now,
+        )
+        Job.objects.using(db).filter(pk=job_id).update(
+            status=JobStatus.FAILED, finished_at=now, unique_lock=None
+        )
+        if key:
+            reconcile_key(db, key)
+        count_outcome(db, batch_id, succeeded=False)
+    return True

@@ -1,0 +1,192 @@
+"""Cancel and timeouts (docs/control.md): waiting jobs in the database alone, running
+ones with real ``run_jobs`` processes, on every database."""
+
+from __future__ import annotations
+
+import signal
+from datetime import timedelta
+
+import pytest
+from django.tasks.exceptions import InvalidTask
+from django.utils import timezone
+
+from django_jobs import cancel, enqueue_batch
+from django_jobs import task as jobs_task
+from django_jobs.claims import claim_jobs, start_jobs
+from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
+from django_jobs.models import (
+    Batch,
+    FailedExecution,
+    JobStatus,
+    ReadyExecution,
+    Semaphore,
+)
+from django_jobs.processes import register_process
+from django_jobs.queues import QueueSelector
+from testproject.demo.models import AuditEvent
+from tests import control_tasks, tasks
+from tests.harness import error_paths, job_row, wait_until
+
+CANCELLED = "django_jobs.exceptions.JobCancelled"
+TIMEOUT = "django_jobs.exceptions.JobTimeout"
+PROCESS_DIED = "django_jobs.exceptions.ProcessDied"
+one_at_a_time = jobs_task(tasks.echo.func, concurrency_key="acct:{value}", concurrency_limit=1)
+
+
+def ended_cancelled(result) -> bool:
+    job = job_row(result)
+    return job.status == JobStatus.FAILED and error_paths(result) == [CANCELLED] * len(
+        error_paths(result)
+    )
+
+
+# --- waiting jobs: cancelled at once, under discard's locks -------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_job_is_cancelled_at_once_without_an_attempt():
+    ready = tasks.add.enqueue(1, 2)
+    later = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1, 2)
+    for result in (ready, later):
+        assert cancel(result.id) == "cancelled"
+        job = job_row(result)
+        assert (job.status, job.attempts) == (JobStatus.FAILED, 0)
+        assert error_paths(result) == [CANCELLED]
+        assert job.cancel_requested_at is not None
+    assert not ReadyExecution.objects.exists()
+    result = tasks.add.get_backend().get_result(ready.id)
+    assert result.status == "FAILED"
+    assert [error.exception_class_path for error in result.errors] == [CANCELLED]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancelling_a_keys_ready_holder_promotes_the_next_blocked_job():
+    holder, blocked = (one_at_a_time.enqueue(1) for _ in range(2))
+    assert job_row(blocked).status == JobStatus.BLOCKED
+    assert cancel(blocked.id) == "cancelled"  # a blocked job: the slot stays the holder's
+    assert Semaphore.objects.get().value == 0
+    third = one_at_a_time.enqueue(1)
+    assert cancel(holder.id) == "cancelled"  # a ready holder: its slot goes to the next
+    assert job_row(third).status == JobStatus.READY
+    assert Semaphore.objects.get().value == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_batch_item_counts_as_failed():
+    made = enqueue_batch([(tasks.add, (1, 2), {}), (tasks.add, (3, 4), {})])
+    assert cancel(made.results[0].id) == "cancelled"
+    batch = Batch.objects.get(pk=made.id)
+    assert (batch.pending, batch.failed) == (1, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_refuses_unknown_and_finished_jobs_and_changes_nothing():
+    with pytest.raises(JobNotFound):
+        cancel(999_999)
+    result = tasks.add.enqueue(1, 2)
+    assert cancel(result.id) == "cancelled"
+    with pytest.raises(JobAlreadyFinished):
+        cancel(result.id)
+    assert FailedExecution.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claimed_job_is_only_asked_to_stop():
+    worker = register_process("default", "worker")
+    result = tasks.add.enqueue(1, 2)
+    (job,) = claim_jobs("default", worker.pk, QueueSelector(("*",)), 1)
+    start_jobs("default", [job], worker.pk, worker.name)
+    assert cancel(result.id) == "requested"
+    job = job_row(result)
+    assert (job.status, job.cancel_requested_at is not None) == (JobStatus.RUNNING, True)
+
+
+def test_bad_timeouts_are_refused_when_declared():
+    for bad in (0, -1, "10", True):
+        with pytest.raises(InvalidTask, match="timeout"):
+            jobs_task(tasks.add.func, timeout=bad)
+    assert jobs_task(tasks.add.func, timeout=timedelta(seconds=2)).timeout == timedelta(seconds=2)
+
+
+# --- running jobs: real worker processes ---------------------------------------------
+
+FAST_GRACE = {"JOBS_INTERRUPT_GRACE": "0.5"}
+
+
+def started(result, proc) -> AuditEvent:
+    return wait_until(
+        lambda: AuditEvent.objects.filter(job_id=int(result.id)).first(),
+        30,
+        what=f"job {result.id} started; run_jobs said:\n{proc.output()}",
+    )
+
+
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
+def test_a_running_job_that_checks_cancel_requested_stops_and_is_not_retried(run_jobs):
+    result = control_tasks.until_cancelled.enqueue()
+    proc = run_jobs("--processes", "1", "--threads", "2", env=FAST_GRACE)
+    started(result, proc)
+    assert cancel(result.id) == "requested"
+    wait_until(lambda: job_row(result).status == JobStatus.FAILED, 20, what="cancelled")
+    job = job_row(result)
+    assert (job.attempts, error_paths(result)) == (1, [CANCELLED])  # max_attempts=3: no retry
+    assert "interrupting" not in proc.output()  # it stopped by itself, within the grace
+    proc.send(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
+def test_a_running_job_that_ignores_cancel_is_interrupted_after_the_grace(run_jobs):
+    result = control_tasks.ignores_cancel.enqueue()
+    proc = run_jobs("--processes", "1", "--threads", "2", env=FAST_GRACE)
+    started(result, proc)
+    assert cancel(result.id) == "requested"
+    wait_until(lambda: job_row(result).status == JobStatus.FAILED, 20, what="cancelled")
+    assert (job_row(result).attempts, error_paths(result)) == (1, [CANCELLED])
+    assert f"job {result.id} cancelled: interrupting its thread" in proc.output()
+    proc.send(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
+def test_a_job_past_its_timeout_is_interrupted_and_retried_while_attempts_remain(run_jobs):
+    result = control_tasks.too_slow.enqueue()
+    proc = run_jobs("--processes", "1", "--threads", "2", env=FAST_GRACE)
+    wait_until(lambda: job_row(result).status == JobStatus.FAILED, 30, what="both attempts")
+    assert (job_row(result).attempts, error_paths(result)) == (2, [TIMEOUT, TIMEOUT])
+    runs = AuditEvent.objects.filter(job_id=int(result.id)).count()
+    assert runs == 2
+    proc.send(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
+def test_a_job_stuck_in_c_keeps_its_slot_until_its_process_is_gone(run_jobs):
+    """Seed 000 (#689.1): a slot is never freed while its body may still run. The next
+    job of the key starts only once the stuck job's worker process has exited."""
+    stuck = control_tasks.stuck_in_c.enqueue(key="k", seconds=30)
+    follower = control_tasks.after_stuck.enqueue(key="k")
+    assert job_row(follower).status == JobStatus.BLOCKED
+    # Two worker processes: the other one would take the follower the moment the slot
+    # were freed, while the stuck job's process still lives.
+    proc = run_jobs("--processes", "2", "--threads", "2", env=FAST_GRACE)
+    first = started(stuck, proc)
+    wait_until(lambda: job_row(follower).status == JobStatus.SUCCEEDED, 40, what="follower ran")
+    assert job_row(follower).return_value is True, "the stuck job's process was still alive"
+    assert AuditEvent.objects.get(job_id=int(follower.id)).pid != first.pid
+    job = job_row(stuck)
+    assert (job.status, job.attempts, error_paths(stuck)) == (
+        JobStatus.FAILED,
+        1,
+        [PROCESS_DIED],
+    )
+    # Settled by the supervisor's recovery once the process had exited (ProcessDied), not
+    # by the worker itself on its way out (that would have been WorkerShutdown).
+    assert "could not be interrupted" in FailedExecution.objects.get(job_id=job.pk).message
+    assert "exited, leaving a job it could not interrupt" in proc.output()
+    proc.send(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
