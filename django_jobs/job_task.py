@@ -43,6 +43,22 @@ UNIQUE_UNTIL_CHOICES = ("start", "finish")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobTask(Task):
+    """A ``django.tasks.Task`` with this backend's options (docs/tasks.md).
+
+    - ``max_attempts``: attempts in all, retries included (1: never retried).
+    - ``backoff``: seconds before a retry: a number, a list per attempt, or
+      ``Exponential(...)``.
+    - ``concurrency_key``, ``concurrency_limit``, ``concurrency_group``,
+      ``concurrency_duration``, ``on_conflict``: at most ``concurrency_limit`` jobs
+      of one key run at once (docs/concurrency.md).
+    - ``unique_key``, ``unique_until``: one waiting (or unfinished) job per key
+      (docs/unique.md).
+    - ``timeout``: seconds an attempt may run before it is interrupted and recorded
+      as ``JobTimeout`` (docs/control.md).
+
+    Every option is checked when the task is declared or ``using()`` is called.
+    """
+
     max_attempts: int = 1
     backoff: BackoffSpec = None
     concurrency_key: ConcurrencyKey = None
