@@ -9,6 +9,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Exponential",
+    "Snooze",
     "acancel",
     "bulk_enqueue",
     "cancel",
@@ -109,4 +110,8 @@ def __getattr__(name: str) -> Any:
         from .backoff import Exponential
 
         return Exponential
+    if name == "Snooze":
+        from .exceptions import Snooze
+
+        return Snooze
     raise AttributeError(name)

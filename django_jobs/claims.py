@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connections, transaction
-from django.db.models import Count, QuerySet
+from django.db.models import Count, F, QuerySet
 from django.utils import timezone
 
 from . import pg_claims
@@ -397,6 +397,38 @@ def fail_claimed(
         job.status = JobStatus.SCHEDULED
         admit_jobs(db, [job])
     return FailOutcome(retry_at=retry_at)
+
+
+def snooze_job(db: str, job_id: int, process_id: int, seconds: float) -> datetime | None:
+    """Put a running job back to wait ``seconds``: the task asked (``Snooze``).
+
+    Its start stays counted (attempts are real starts) and ``max_attempts`` grows
+    by one, so the snooze uses up no retry. Its slot is freed like a failure's;
+    a job due at once goes back through admission after that. Returns when it
+    will run, or None if this process no longer holds it.
+    """
+    with transaction.atomic(using=db):
+        claim = lock_own_claim(db, job_id, process_id)
+        if claim is None:
+            return None
+        job = Job.objects.using(db).get(pk=job_id)
+        now = timezone.now()
+        run_at = now + timedelta(seconds=seconds)
+        delete_claim(db, claim)
+        job.max_attempts += 1
+        job.status = JobStatus.SCHEDULED
+        Job.objects.using(db).filter(pk=job_id).update(
+            status=JobStatus.SCHEDULED, max_attempts=F("max_attempts") + 1
+        )
+        if seconds > 0:
+            ScheduledExecution.objects.using(db).create(
+                job_id=job_id, queue_name=job.queue_name, priority=job.priority, scheduled_at=run_at
+            )
+        if claim.concurrency_key:
+            release_slot(db, claim.concurrency_key)
+        if seconds <= 0:
+            admit_jobs(db, [job])
+    return run_at
 
 
 def release_job(db: str, job_id: int, process_id: int) -> bool:

@@ -44,3 +44,17 @@ class JobNotFound(LookupError):
 
 class JobAlreadyFinished(ValueError):
     """``cancel()`` was given a job that has already ended: nothing to cancel."""
+
+
+class Snooze(Exception):
+    """Raise from a task to run it again in ``seconds``, without using up an attempt.
+
+    The start that raised it is real and counted in ``attempts``; ``max_attempts``
+    grows by one with it, so the retries left are unchanged (docs/control.md).
+    """
+
+    def __init__(self, seconds: float = 0) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise ValueError(f"Snooze needs a number of seconds >= 0, not {seconds!r}")
+        super().__init__(f"snoozed for {seconds:g}s")
+        self.seconds = float(seconds)

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from django_jobs import cancel_requested, task
+from django_jobs import Snooze, cancel_requested, task
 from testproject.demo.models import AuditEvent
 
 
@@ -70,3 +70,12 @@ def process_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+@task(takes_context=True, max_attempts=1)
+def snoozes_once(context, seconds: float) -> int:
+    """Asks to run later on its first start, succeeds on its second."""
+    audit(context)
+    if context.attempt == 1:
+        raise Snooze(seconds)
+    return context.attempt

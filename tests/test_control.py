@@ -10,15 +10,16 @@ import pytest
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
-from django_jobs import cancel, enqueue_batch
+from django_jobs import Snooze, cancel, enqueue_batch
 from django_jobs import task as jobs_task
-from django_jobs.claims import claim_jobs, start_jobs
+from django_jobs.claims import claim_jobs, snooze_job, start_jobs
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
 from django_jobs.models import (
     Batch,
     FailedExecution,
     JobStatus,
     ReadyExecution,
+    ScheduledExecution,
     Semaphore,
 )
 from django_jobs.processes import register_process
@@ -99,6 +100,47 @@ def test_a_claimed_job_is_only_asked_to_stop():
     assert cancel(result.id) == "requested"
     job = job_row(result)
     assert (job.status, job.cancel_requested_at is not None) == (JobStatus.RUNNING, True)
+
+
+# --- snooze -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_snooze_reschedules_frees_the_slot_and_uses_up_no_retry():
+    worker = register_process("default", "worker")
+    holder, follower = (one_at_a_time.enqueue(1) for _ in range(2))
+    (job,) = claim_jobs("default", worker.pk, QueueSelector(("*",)), 1)
+    start_jobs("default", [job], worker.pk, worker.name)
+    run_at = snooze_job("default", job.pk, worker.pk, 60)
+    assert run_at is not None
+    held = job_row(holder)
+    assert (held.status, held.attempts, held.max_attempts) == (JobStatus.SCHEDULED, 1, 2)
+    assert ScheduledExecution.objects.get(job_id=held.pk).scheduled_at == run_at
+    assert job_row(follower).status == JobStatus.READY  # its slot went to the next job
+    assert not FailedExecution.objects.exists()
+    assert snooze_job("default", job.pk, worker.pk, 60) is None  # claim gone: nothing
+
+
+def test_snooze_refuses_a_negative_delay():
+    for bad in (-1, "5", None, True):
+        with pytest.raises(ValueError, match="Snooze"):
+            Snooze(bad)
+
+
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
+def test_a_snoozed_job_runs_again_later_without_using_up_its_attempt(run_jobs):
+    result = control_tasks.snoozes_once.enqueue(0.3)  # max_attempts=1
+    proc = run_jobs("--processes", "1", "--threads", "2")
+    wait_until(lambda: job_row(result).status == JobStatus.SUCCEEDED, 30, what="succeeded")
+    job = job_row(result)
+    assert (job.attempts, job.max_attempts, job.return_value) == (2, 2, 2)
+    starts = list(AuditEvent.objects.filter(job_id=job.pk).order_by("started"))
+    assert len(starts) == 2 and starts[1].started - starts[0].started >= 0.3
+    assert error_paths(result) == []
+    assert "job snoozed" in proc.output()
+    proc.send(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
 
 
 def test_bad_timeouts_are_refused_when_declared():

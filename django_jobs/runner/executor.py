@@ -12,8 +12,8 @@ from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 
 from ..batches import current_job_id
-from ..claims import ErrorInfo, fail_job, release_job, start_jobs
-from ..exceptions import JobInterrupted, TaskNotFound
+from ..claims import ErrorInfo, fail_job, release_job, snooze_job, start_jobs
+from ..exceptions import JobInterrupted, Snooze, TaskNotFound
 from ..loading import load_task
 from ..models import Job, JobStatus
 from ..results import build_result
@@ -109,6 +109,25 @@ def interrupted(control: Control, exc: BaseException, duration: float) -> ErrorI
     )
 
 
+def snooze(
+    job: Job, task: Task, result: TaskResult, ctx: ExecutionContext, seconds: float, duration: float
+) -> None:
+    """The task raised ``Snooze``: wait ``seconds``, then run again, no attempt used up."""
+    run_at = persist(
+        ctx,
+        f"snoozing job {job.pk}",
+        lambda: snooze_job(ctx.db, job.pk, ctx.process_id, seconds),
+    )
+    if run_at is None:
+        logger.warning("job %s snoozed but its claim was already settled elsewhere", job.pk)
+        return
+    logger.info(
+        "job snoozed %s duration=%.3fs run_at=%s", describe(job), duration, run_at.isoformat()
+    )
+    object.__setattr__(result, "status", TaskResultStatus.READY)
+    task_finished.send(type(task.get_backend()), task_result=result)
+
+
 def call_task(task: Task, job: Job, result: TaskResult) -> object:
     """The task's function, called with the job as the running one (for nested batches)."""
     running = current_job_id.set(job.pk)
@@ -174,6 +193,9 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
         if control is not None:
             ctx.watchdog.forget(control)
         duration = time.monotonic() - began
+        if isinstance(exc, Snooze) and (control is None or control.reason is None):
+            snooze(job, task, result, ctx, exc.seconds, duration)
+            return
         error = error_info(exc)
         if control is not None and control.reason is not None:
             error = interrupted(control, exc, duration)
