@@ -73,7 +73,9 @@ def wait_for_lock_waits(count: int, what: str) -> None:
         return len(waits) == count
 
     try:
-        wait_until(reached, what=what)
+        # InnoDB refreshes its information_schema transaction tables only once they have
+        # gone unread for 0.1 s: polling faster would read the first answer forever.
+        wait_until(reached, interval=0.25, what=what)
     except AssertionError as exc:
         raise AssertionError(f"{exc}; waiting: {waits}") from None
 
