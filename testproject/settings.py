@@ -68,7 +68,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test-db.sqlite3")}
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     DATABASES["default"].setdefault("OPTIONS", {})["charset"] = "utf8mb4"
-# A database to LISTEN through for ready jobs (tests route it through a proxy).
+# Behind PgBouncer in transaction pooling: no server-side cursors (a WITH HOLD cursor is
+# session state, which the next transaction may not find on its server connection).
+if env.bool("DISABLE_SERVER_SIDE_CURSORS", default=False):
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+# A database to LISTEN through for ready jobs (tests route it through a proxy, or past
+# PgBouncer straight to PostgreSQL).
 if env.str("JOBS_LISTEN_DATABASE_URL", default=""):
     DATABASES["listen"] = env.db("JOBS_LISTEN_DATABASE_URL")
 # An explicit test database name (used by tox to keep parallel runs apart).
