@@ -22,9 +22,10 @@ from django.db.models import Count, F, Window
 from django.db.models.functions import Collate, RowNumber
 from django.utils import timezone
 
+from .batches import count_outcomes
 from .deletion import delete_executions
 from .models import BlockedExecution, ClaimedExecution, Job, JobStatus, ReadyExecution, Semaphore
-from .notify import jobs_ready
+from .readiness import make_ready, set_status
 
 
 def admit_jobs(db: str, jobs: Iterable[Job]) -> None:
@@ -47,32 +48,6 @@ def admit_jobs(db: str, jobs: Iterable[Job]) -> None:
         discarded += admit_to_key(db, key, by_key[key])
     # Batch rows come after every semaphore (lock order): counted once all keys are done.
     count_discarded(db, discarded)
-
-
-def make_ready(db: str, jobs: list[Job]) -> None:
-    now = timezone.now()
-    ReadyExecution.objects.using(db).bulk_create(
-        [
-            ReadyExecution(
-                job_id=job.pk,
-                queue_name=job.queue_name,
-                priority=job.priority,
-                concurrency_key=job.concurrency_key,
-                created_at=now,
-            )
-            for job in jobs
-        ]
-    )
-    set_status(db, jobs, JobStatus.READY)
-    jobs_ready(db, (job.queue_name for job in jobs))
-
-
-def set_status(db: str, jobs: list[Job], status: JobStatus) -> None:
-    changed = [job.pk for job in jobs if job.status != status]
-    if changed:
-        Job.objects.using(db).filter(pk__in=changed).update(status=status)
-    for job in jobs:
-        job.status = status
 
 
 def lock_semaphore(db: str, key: str, limit: int) -> Semaphore:
@@ -148,8 +123,6 @@ def admit_to_key(db: str, key: str, jobs: list[Job]) -> list[Job]:
 
 def count_discarded(db: str, jobs: list[Job]) -> None:
     """A discarded batch item is terminal: its batch counts it as failed."""
-    from .batches import count_outcomes
-
     per_batch: dict[int, int] = defaultdict(int)
     for job in jobs:
         if job.batch_id is not None:

@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from .job_task import checked_calls
 from .models import Batch, Job, JobStatus, ScheduledExecution
+from .readiness import make_ready
 
 logger = logging.getLogger("django_jobs.batches")
 
@@ -190,7 +191,6 @@ def enqueue_callback(db: str, batch: Batch, spec: dict[str, Any]) -> int:
     break the lock order (DESIGN.md section 4). A callback whose task no longer
     imports still gets its row, and the worker fails it with a clear error.
     """
-    from .admission import make_ready
     from .loading import load_task
 
     kwargs = {"batch_id": batch.pk, "succeeded": batch.succeeded, "failed": batch.failed}
