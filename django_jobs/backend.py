@@ -21,6 +21,7 @@ from .models import Batch, FailedExecution, Job, JobStatus, ScheduledExecution
 from .pg_insert import CHUNK_SIZE, can_insert_in_one_statement, insert_ready_jobs
 from .results import build_result
 from .serialization import json_arguments
+from .tracing import record_enqueue
 from .uniqueness import insert_unique, retry_after, unique_in_key_order
 
 BULK_BATCH_SIZE = 1000
@@ -211,6 +212,7 @@ class JobsBackend(BaseTaskBackend):
             unique_until=options["unique_until"] if unique else None,
             batch=batch,
         )
+        record_enqueue(job)  # OpenTelemetry, when installed: span + trace context (tracing.py)
         return job, task
 
     def get_result(self, result_id: str) -> TaskResult:

@@ -136,6 +136,10 @@ class Job(models.Model):
         blank=True,
         related_name="jobs",
     )
+    # The enqueuer's trace context as propagation headers (W3C ``traceparent``, ``tracestate``),
+    # so the run's span continues the enqueuing request's trace. NULL without OpenTelemetry
+    # (``django_jobs.tracing``).
+    trace_context = models.JSONField(null=True, blank=True)
 
     class Meta:
         indexes = [

@@ -18,6 +18,7 @@ from ..loading import load_task
 from ..models import Job, JobStatus
 from ..results import build_result
 from ..serialization import json_return_value
+from ..tracing import traced_execution
 from .completer import Success, write_successes
 from .context import ExecutionContext, describe, persist
 from .watchdog import Control, current_control
@@ -128,6 +129,7 @@ def snooze(
     task_finished.send(type(task.get_backend()), task_result=result)
 
 
+@traced_execution  # OpenTelemetry, when installed: the run's span (django_jobs/tracing.py)
 def call_task(task: Task, job: Job, result: TaskResult) -> object:
     """The task's function, called with the job as the running one (for nested batches)."""
     running = current_job_id.set(job.pk)
