@@ -121,13 +121,14 @@ def test_jobs_per_queue_and_state_oldest_ready_age_and_paused_queues():
 
 
 @pytest.mark.django_db
-def test_finished_in_the_last_minute_and_hour_per_queue_and_outcome():
+def test_finished_in_the_last_minute_per_queue_and_outcome():
     for _ in range(3):
         FinishedJobFactory(finished_at=ago(seconds=5))
     FinishedJobFactory(status=JobStatus.FAILED, finished_at=ago(seconds=20))
     FinishedJobFactory(status=JobStatus.DISCARDED, finished_at=ago(seconds=40))
     FinishedJobFactory(queue_name="emails", finished_at=ago(seconds=1))
-    # In the hour, not in the minute.
+    FinishedJobFactory(queue_name="elsewhere", finished_at=ago(seconds=1))
+    # Older than the minute.
     FinishedJobFactory.create_batch(2, finished_at=ago(minutes=10))
     FinishedJobFactory(status=JobStatus.FAILED, finished_at=ago(minutes=30))
     # Neither.
@@ -147,9 +148,9 @@ def test_finished_in_the_last_minute_and_hour_per_queue_and_outcome():
     assert minute["default", "discarded"] == 1
     assert minute["emails", "succeeded"] == 1
     assert minute["emails", "failed"] == 0 and minute["reports", "succeeded"] == 0
-    assert value(samples, "finished_jobs_last_hour", queue="default") == 3 + 1 + 1 + 2 + 1
-    assert value(samples, "failed_jobs_last_hour", queue="default") == 2
-    assert value(samples, "finished_jobs_last_hour", queue="emails") == 1
+    # A queue outside QUEUES that only finished jobs still gets its series.
+    assert minute["elsewhere", "succeeded"] == 1
+    assert value(samples, "jobs", queue="elsewhere", state="ready") == 0
 
 
 @pytest.mark.django_db
@@ -283,14 +284,14 @@ def test_a_scrape_costs_the_same_few_queries_however_many_rows_keys_and_processe
     large = count_scrape_queries()
 
     assert small == large
-    # queue_counts 5, oldest ready 1, last minute 1, pauses 1, keys 2 + blocked_keys 5,
-    # processes 2: docs/metrics.md lists them.
-    assert large == 17
+    # Execution tables 4, pauses 1, last minute 1, blocked keys 2 + inspection.blocked_keys
+    # 5, processes 2: docs/metrics.md lists them.
+    assert large == 15
 
 
 @pytest.mark.django_db
 def test_no_blocked_key_saves_the_per_key_queries():
-    assert count_scrape_queries() == 17 - 6
+    assert count_scrape_queries() == 15 - 6
 
 
 # -- Formats and registries -------------------------------------------------------------------

@@ -57,14 +57,6 @@ def families() -> dict[str, GaugeMetricFamily]:
             "(succeeded, failed, discarded).",
             ["queue", "status"],
         ),
-        "hour": gauge(
-            "finished_jobs_last_hour",
-            "Jobs that finished in the last hour, per queue (any outcome).",
-            ["queue"],
-        ),
-        "hour_failed": gauge(
-            "failed_jobs_last_hour", "Jobs that failed in the last hour, per queue.", ["queue"]
-        ),
         "blocked_keys": gauge(
             "blocked_keys", "Concurrency keys with at least one blocked job (all of them)."
         ),
@@ -111,18 +103,17 @@ def seconds_since(moment: datetime | None, now: datetime) -> float:
 def fill(metrics: dict[str, GaugeMetricFamily], facts: Facts) -> None:
     """Add one sample per series to ``metrics`` from ``facts``."""
     now = facts.taken_at
-    for queue, counts in facts.queues.items():
+    for queue in facts.queues:
+        counts = facts.pending.get(queue, {})
         for state in PENDING_STATES:
-            metrics["jobs"].add_metric([queue, state], counts[state])
+            metrics["jobs"].add_metric([queue, state], counts.get(state, 0))
         metrics["oldest_ready"].add_metric(
             [queue], seconds_since(facts.oldest_ready_at.get(queue), now)
         )
         metrics["paused"].add_metric([queue], 1 if queue in facts.paused else 0)
         minute = facts.finished_last_minute.get(queue, {})
         for status in OUTCOMES:
-            metrics["minute"].add_metric([queue, str(status)], minute.get(str(status), 0))
-        metrics["hour"].add_metric([queue], counts["finished_last_hour"])
-        metrics["hour_failed"].add_metric([queue], counts["failed_last_hour"])
+            metrics["minute"].add_metric([queue, status], minute.get(status, 0))
     metrics["blocked_keys"].add_metric([], facts.blocked_key_count)
     for key in facts.top_blocked_keys:
         metrics["key_blocked"].add_metric([key.key], key.blocked)
