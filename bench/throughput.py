@@ -13,25 +13,30 @@ database, in the same run: enqueue one by one, bulk enqueue, drain N no-op
 jobs by real worker processes (``run_jobs`` and ``db_worker`` started as
 subprocesses), drain jobs with concurrency keys (ours only), latency from
 enqueue to start with idle workers, and claim rate with a big table against
-an empty one. The table prints each figure of ours with its ratio against
-the peer's, > 1 meaning ours is better (rates: ours / peer; times and memory:
-peer / ours). The machine is noisy: read the ratios, not absolute figures.
-Figures are printed, never asserted; a phase that fails (a worker dies, a job
-fails, the queue stalls) ends the run non-zero, with every worker stopped.
+an empty one. One phase compares ours with ours (PostgreSQL only): N
+concurrent enqueuing processes with LISTEN/NOTIFY on against off. The table
+prints each figure of ours with its ratio against the peer's, > 1 meaning ours
+is better (rates: ours / peer; times and memory: peer / ours). The machine is
+noisy: read the ratios, not absolute figures. Figures are printed, never
+asserted; a phase that fails (a worker dies, a job fails, the queue stalls)
+ends the run non-zero, with every worker stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
+import queue
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -49,7 +54,7 @@ DATABASE_URLS = {
     "sqlite": "sqlite:////tmp/jobs_throughput.sqlite3",
 }
 SAFE_NAME_PARTS = ("throughput", "bench")
-PHASES = ("enqueue", "bulk", "drain", "keyed", "latency", "claims")
+PHASES = ("enqueue", "concurrent", "bulk", "drain", "keyed", "latency", "claims")
 PEER = "peer"  # the TASKS alias of django-tasks-db in bench/settings.py
 PEER_QUEUE = "default"  # db_worker's default --queue-name, where peer_noop goes
 
@@ -77,10 +82,14 @@ class Sizes:
     ready: int  # ready rows present in the big-table claim phase
     claims: int  # jobs claimed in each claim phase
     claim_batch: int  # jobs per claim of ours
+    clients: int  # concurrent enqueuing processes
+    client_seconds: float  # each enqueues one by one for this long per round
+    client_rounds: int  # rounds of each LISTEN/NOTIFY setting, alternated
 
 
-FULL = Sizes(2_000, 20_000, 1_000, 200, 30.0, 1_000_000, 100_000, 10_000, 0)
-SMOKE = Sizes(100, 1_000, 50, 20, 30.0, 20_000, 2_000, 500, 0)
+FULL = Sizes(2_000, 20_000, 1_000, 200, 30.0, 1_000_000, 100_000, 10_000, 0, 8, 5.0, 2)
+SMOKE = Sizes(100, 1_000, 50, 20, 30.0, 20_000, 2_000, 500, 0, 2, 1.0, 1)
+FLOAT_SIZES = ("latency_interval_ms", "client_seconds")
 
 
 def parse_args() -> argparse.Namespace:
@@ -103,15 +112,20 @@ def parse_args() -> argparse.Namespace:
         ("ready", "ready rows in the big-table claim phase"),
         ("claims", "jobs claimed per claim phase"),
         ("claim-batch", "jobs per claim of ours (default: --threads)"),
+        ("clients", "concurrent enqueuing processes"),
+        ("client-seconds", "seconds each of them enqueues per round"),
+        ("client-rounds", "rounds of each LISTEN/NOTIFY setting"),
     ):
         attr = name.replace("-", "_")
-        kind = float if attr == "latency_interval_ms" else int
+        kind = float if attr in FLOAT_SIZES else int
         full, smoke = getattr(FULL, attr), getattr(SMOKE, attr)
         sizes.add_argument(f"--{name}", type=kind, help=f"{what} ({full:,} / {smoke:,})")
     workers = parser.add_argument_group("workers")
     workers.add_argument("--processes", type=int, help="run_jobs --processes (CPU count)")
     workers.add_argument("--threads", type=int, help=f"run_jobs --threads ({DEFAULT_THREADS})")
     workers.add_argument("--peer-processes", type=int, default=2, help="db_worker processes (2)")
+    # One of the concurrent enqueuing processes of phase "concurrent" (started by the run).
+    parser.add_argument("--enqueue-client", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args()
     unknown = set(options.phases.split(",")) - set(PHASES)
     if unknown:
@@ -916,6 +930,255 @@ def phase_enqueue(run: Run) -> None:
     run.report.details["enqueue"] = {"ours": asdict(ours), "peer": asdict(peer)}
 
 
+# --- concurrent enqueuers, LISTEN/NOTIFY on against off (ours only, PostgreSQL) ----------
+
+NOTIFY_MODES = ("off", "on", "trigger")
+NOTIFY_MIGRATIONS = ("0004_ready_notify_trigger", "0006_ready_notify_from_enqueuers")
+
+
+def enqueue_client() -> int:
+    """One process of phase "concurrent" (``--enqueue-client``), driven over stdin/stdout.
+
+    Warms up (connection, first plans, the notifier's thread), says ``ready``,
+    waits for ``go SECONDS``, enqueues one job at a time in autocommit for that
+    long, then prints what it did as JSON.
+    """
+    from django_jobs import notify
+
+    noop.enqueue()
+    print("ready", flush=True)
+    seconds = float(sys.stdin.readline().split()[1])
+    count, began = 0, time.perf_counter()
+    deadline = began + seconds
+    while time.perf_counter() < deadline:
+        noop.enqueue()
+        count += 1
+    elapsed = time.perf_counter() - began
+    notifier = notify._notifiers.get(DB)
+    notifier_connected = notifier is not None and notifier.flush(5.0)
+    sent = notifier.sent if notifier is not None else 0
+    result = {"count": count, "elapsed": elapsed, "notified": sent, "flushed": notifier_connected}
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+class Clients:
+    """``--enqueue-client`` processes, each in a session of its own, talked to by line."""
+
+    def __init__(self, count: int, env: dict[str, str], log_dir: Path, label: str) -> None:
+        self.count = count
+        self.env = env
+        self.logs = [log_dir / f"{label}-{n}.log" for n in range(count)]
+        self.procs: list[subprocess.Popen[str]] = []
+        self.lines: queue.Queue[tuple[int, str]] = queue.Queue()
+
+    def __enter__(self) -> Clients:
+        try:
+            for n, log in enumerate(self.logs):
+                with log.open("wb") as stderr:
+                    proc = subprocess.Popen(
+                        [sys.executable, str(Path(__file__).resolve()), "--enqueue-client"],
+                        cwd=ROOT,
+                        env=self.env,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=stderr,
+                        text=True,
+                        start_new_session=True,
+                    )
+                self.procs.append(proc)
+                threading.Thread(target=self.read, args=(n, proc), daemon=True).start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def read(self, n: int, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.put((n, line.strip()))
+        self.lines.put((n, ""))  # end of output
+
+    def collect(self, timeout: float, what: str) -> list[str]:
+        """One line from each process, in process order."""
+        got: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        while len(got) < self.count:
+            try:
+                n, line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}") from None
+            if not line:
+                raise WorkerCrashed(
+                    f"an enqueuing client exited early; its log ends:\n{tail(self.logs[n])}"
+                )
+            got[n] = line
+        return [got[n] for n in range(self.count)]
+
+    def send(self, line: str) -> None:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait(10)
+
+
+class NotificationCounter:
+    """A LISTENing connection of the harness's own, counting what it receives: the
+    notifications are delivered for real, as to workers, during the rounds that send them."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        from django_jobs.runner.listener import CHANNEL, connection_params
+
+        params = {**connection_params(DB), "application_name": "django-jobs bench listener"}
+        self.connection = psycopg.connect(**params)
+        self.connection.execute(f"LISTEN {CHANNEL}")
+        self.count = 0
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            for _ in self.connection.notifies(timeout=0.2):
+                self.count += 1
+
+    def close(self) -> None:
+        self.halt.set()
+        self.thread.join(5)
+        self.connection.close()
+
+
+def notify_trigger(install: bool) -> None:
+    """Put migration 0004's trigger on the ready table (the way LISTEN/NOTIFY worked
+    before migration 0006), or take it off again."""
+    name = NOTIFY_MIGRATIONS[1] if not install else NOTIFY_MIGRATIONS[0]
+    module = importlib.import_module(f"django_jobs.migrations.{name}")
+    with connection.schema_editor() as editor:
+        (module.create_trigger if install else module.drop_trigger)(apps, editor)
+
+
+def concurrent_round(
+    ours: Bench, mode: str, sizes: Sizes, log_dir: Path, label: str
+) -> dict[str, Any]:
+    """``sizes.clients`` processes enqueue one by one at once, for ``client_seconds``."""
+    reset_tables()
+    env = worker_environment()
+    env.pop("JOBS_LISTEN_DATABASE_URL", None)
+    # "trigger": the notifier off, the trigger notifying inside each enqueue instead.
+    env["JOBS_LISTEN_NOTIFY"] = "true" if mode == "on" else "false"
+    counter = NotificationCounter()
+    try:
+        if mode == "trigger":
+            notify_trigger(install=True)
+        try:
+            with Clients(sizes.clients, env, log_dir, label) as clients:
+                clients.collect(START_TIMEOUT, "the enqueuing clients to start")
+                before = counter.count
+                clients.send(f"go {sizes.client_seconds}")
+                lines = clients.collect(sizes.client_seconds + START_TIMEOUT, "their results")
+        finally:
+            if mode == "trigger":
+                notify_trigger(install=False)
+        results = [json.loads(line) for line in lines]
+        enqueued = sum(r["count"] for r in results)
+        time.sleep(0.3)  # the counter's connection reads what is already on its way
+        received = counter.count - before
+    finally:
+        counter.close()
+    check_rows(ours, enqueued + sizes.clients)
+    return {
+        "mode": mode,
+        "rate": sum(r["count"] / r["elapsed"] for r in results),
+        "enqueued": enqueued,
+        "notifications_received": received,
+        "notifications_sent": sum(r["notified"] for r in results),
+    }
+
+
+def phase_concurrent(run: Run) -> None:
+    sizes = run.sizes
+    if connection.vendor != "postgresql":
+        progress("concurrent enqueuers: LISTEN/NOTIFY is PostgreSQL's; skipped")
+        return
+    progress(
+        f"concurrent enqueuers: {sizes.clients} processes x {sizes.client_seconds:g} s, "
+        f"LISTEN/NOTIFY {' / '.join(NOTIFY_MODES)}, {sizes.client_rounds} round(s) each"
+    )
+    notify_trigger(install=False)  # a run stopped during a "trigger" round left it behind
+    rounds: list[dict[str, Any]] = []
+    for n in range(sizes.client_rounds):
+        # Alternated (off, on, trigger, trigger, on, off, ...): a drift of the machine's
+        # load over the phase weighs on every setting alike.
+        order = NOTIFY_MODES if n % 2 == 0 else tuple(reversed(NOTIFY_MODES))
+        for mode in order:
+            label = f"clients-{mode}-{n}"
+            rounds.append(concurrent_round(run.ours, mode, sizes, run.log_dir, label))
+            progress(f"  {mode}: {rounds[-1]['rate']:,.0f} jobs/s")
+    rate = {
+        mode: statistics.mean(r["rate"] for r in rounds if r["mode"] == mode)
+        for mode in NOTIFY_MODES
+    }
+    on_rounds = [r for r in rounds if r["mode"] == "on"]
+    sent = sum(r["notifications_sent"] for r in on_rounds)
+    enqueued = sum(r["enqueued"] for r in on_rounds)
+    clients = f"{sizes.clients} enqueuers"
+    run.report.figures += [
+        Figure(
+            "concurrent_notify_off",
+            f"{clients}, listen_notify off",
+            "jobs/s",
+            rate["off"],
+            None,
+            note=f"mean of {sizes.client_rounds}; no NOTIFY",
+        ),
+        Figure(
+            "concurrent_notify_on",
+            f"{clients}, listen_notify on",
+            "jobs/s",
+            rate["on"],
+            None,
+            note=f"notifier after commit: {sent:,} NOTIFY for {enqueued:,} jobs",
+        ),
+        Figure(
+            "concurrent_notify_trigger",
+            f"{clients}, trigger (before)",
+            "jobs/s",
+            rate["trigger"],
+            None,
+            note="migration 0004's trigger, for reference",
+        ),
+    ]
+    run.report.checks += [
+        Check(
+            "concurrent_on_over_off",
+            f"ours: {clients}, notify on / off",
+            rate["on"] / rate["off"],
+            ">= 0.80",
+        ),
+        Check(
+            "concurrent_trigger_over_off",
+            f"ours: {clients}, trigger / off",
+            rate["trigger"] / rate["off"],
+            "none (the design it replaced)",
+        ),
+    ]
+    run.report.details["concurrent"] = {"rounds": rounds, "mean_rate": rate}
+
+
 def phase_bulk(run: Run) -> None:
     count = run.sizes.jobs
     progress(f"bulk enqueue: {count:,} jobs each")
@@ -1030,6 +1293,7 @@ def phase_claims(run: Run) -> None:
 
 PHASE_RUNNERS: dict[str, Callable[[Run], None]] = {
     "enqueue": phase_enqueue,
+    "concurrent": phase_concurrent,
     "bulk": phase_bulk,
     "drain": phase_drain,
     "keyed": phase_keyed,
@@ -1074,21 +1338,13 @@ def git_commit() -> str:
 def wakeup(conf: JobsSettings) -> tuple[str, str]:
     """How idle workers of ours learn of a new job in this tree: (short, long).
 
-    LISTEN/NOTIFY is being added as this is written; the latency figure drops
-    when it is active, so the report says which of the two it measured.
+    The latency figure drops when LISTEN/NOTIFY is active, so the report says
+    which of the two it measured.
     """
     polling = f"polling every {conf.polling_interval:g} s"
-    if connection.vendor != "postgresql" or not getattr(conf, "listen_notify", False):
-        return "polling", f"{polling}; no LISTEN/NOTIFY in this tree or on this database"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal",
-            [ReadyExecution._meta.db_table],
-        )
-        triggers = [row[0] for row in cursor.fetchall()]
-    if not triggers:
-        return "polling", f"{polling}; listen_notify is on but no trigger sends NOTIFY"
-    return "LISTEN/NOTIFY", f"LISTEN/NOTIFY (trigger {', '.join(triggers)}), {polling} as fallback"
+    if connection.vendor != "postgresql" or conf.listen_notify is False:
+        return "polling", f"{polling}; no LISTEN/NOTIFY on this database or with these settings"
+    return "LISTEN/NOTIFY", f"LISTEN/NOTIFY (notified after commit), {polling} as fallback"
 
 
 def circumstances(run: Run) -> dict[str, Any]:
@@ -1134,7 +1390,9 @@ def print_header(info: dict[str, Any], sizes: Sizes) -> None:
         f"drained (and over {sizes.keys:,} keys, limit 1); {sizes.latency_samples:,} latency "
         f"samples, one every {sizes.latency_interval_ms:g} ms; {sizes.claims:,} claims "
         f"({sizes.claim_batch} per claim of ours, 1 per peer's) among {sizes.finished:,} "
-        f"finished + {sizes.ready:,} ready rows vs none"
+        f"finished + {sizes.ready:,} ready rows vs none; {sizes.clients} concurrent "
+        f"enqueuing processes x {sizes.client_seconds:g} s x {sizes.client_rounds} round(s) "
+        f"per LISTEN/NOTIFY setting"
     )
     print("bulk enqueue of the peer: it has no bulk API; enqueue() in a loop in one atomic()")
 
@@ -1170,6 +1428,8 @@ def write_json(path: Path, info: dict[str, Any], run: Run, elapsed: float) -> No
 
 
 def main() -> int:
+    if OPTIONS.enqueue_client:
+        return enqueue_client()
     began = time.perf_counter()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the workers
     check_database_name()
