@@ -204,6 +204,16 @@ class PgBouncer:
         """A DATABASE_URL for the test database through PgBouncer."""
         return self.upstream.url(port=self.port)
 
+    def client_params(self) -> dict[str, Any]:
+        """psycopg arguments for a client of the test database through PgBouncer
+        (autocommit, no prepared statements)."""
+        return {
+            **self.upstream.params(),
+            "host": "127.0.0.1",
+            "port": self.port,
+            "prepare_threshold": None,
+        }
+
     def admin_params(self) -> dict[str, Any]:
         return {
             "host": "127.0.0.1",
@@ -232,10 +242,14 @@ class PgBouncer:
         (row,) = [row for row in self.show("POOLS") if row["database"] == self.upstream.dbname]
         return row
 
+    def stats(self) -> dict[str, Any]:
+        """The test database's row of ``SHOW STATS`` (totals since PgBouncer started)."""
+        (row,) = [row for row in self.show("STATS") if row["database"] == self.upstream.dbname]
+        return row
+
     def transactions(self) -> int:
         """Transactions PgBouncer has passed to PostgreSQL for the test database so far."""
-        (row,) = [row for row in self.show("STATS") if row["database"] == self.upstream.dbname]
-        return int(row["total_xact_count"])
+        return int(self.stats()["total_xact_count"])
 
 
 # -- which TCP peers a process talks to ---------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
@@ -217,11 +217,8 @@ def holds_for(predicate: Any, seconds: float, what: str) -> None:
 def test_listen_through_pgbouncer_in_transaction_mode_hears_nothing(pgbouncer):
     """Why ``listen_notify`` names a direct alias: PgBouncer hands the server connection
     that ran LISTEN to other clients, and drops what PostgreSQL sends it meanwhile."""
-    params = {"dbname": pgbouncer.upstream.dbname, "user": pgbouncer.upstream.user}
     with (
-        psycopg.connect(
-            host="127.0.0.1", port=pgbouncer.port, autocommit=True, prepare_threshold=None, **params
-        ) as pooled,
+        psycopg.connect(**pgbouncer.client_params()) as pooled,
         direct(pgbouncer) as straight,
         direct(pgbouncer) as sender,
     ):
@@ -280,6 +277,73 @@ def test_enqueue_one_bulk_unique_batch_and_on_commit_through_pgbouncer(through_p
     assert len(statuses) == 62
 
 
+@contextlib.contextmanager
+def one_server_left(bouncer: PgBouncer) -> Iterator[list[psycopg.Connection]]:
+    """Clients of PgBouncer holding all of the pool's server connections but one, each
+    in a transaction: whoever runs a statement next runs it on that one. Closing one
+    of them frees another server connection."""
+    holders: list[psycopg.Connection] = []
+    try:
+        for _ in range(bouncer.pool_size - 1):
+            holder = psycopg.connect(**{**bouncer.client_params(), "autocommit": False})
+            holders.append(holder)
+            holder.execute("SELECT 1")
+        yield holders
+    finally:
+        for holder in holders:
+            holder.close()
+
+
+def test_session_state_under_transaction_pooling(through_pgbouncer):
+    """What transaction pooling does to session state, and the settings that answer it.
+
+    PgBouncer gives a client's next transaction whichever server connection is free.
+    Holding all of the pool's connections but one decides which, so each step here
+    runs where the test says, whatever PgBouncer's order of choice."""
+    bouncer = through_pgbouncer
+    conn = connections["default"]
+    conn.ensure_connection()
+    JobFactory.create_batch(3)
+
+    # Django's one session setting, SET TIME ZONE at connect (USE_TZ: 'UTC', not the
+    # server's 'Etc/UTC'), is one PgBouncer tracks and sets again for each client: here
+    # on the server connection another client just left in Tokyo time.
+    with one_server_left(bouncer), psycopg.connect(**bouncer.client_params()) as tokyo:
+        tokyo.execute("SET TIME ZONE 'Asia/Tokyo'")
+        (left_in_tokyo,) = tokyo.execute("SELECT pg_backend_pid()").fetchone()
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid(), current_setting('TimeZone')")
+            assert cursor.fetchone() == (left_in_tokyo, "UTC")
+
+    # A server-side cursor is not: Django declares it WITH HOLD outside a transaction,
+    # and the next chunk's FETCH runs on a server connection without it.
+    conn.settings_dict["DISABLE_SERVER_SIDE_CURSORS"] = False
+    with (
+        one_server_left(bouncer) as holders,
+        psycopg.connect(**{**bouncer.client_params(), "autocommit": False}) as other,
+    ):
+        rows = Job.objects.order_by("pk").iterator(chunk_size=1)
+        next(rows)  # DECLARE and the first FETCH, on the one free server connection
+        other.execute("SELECT 1")  # which another client now holds
+        holders[0].close()  # the next FETCH runs on the connection this frees
+        # (Django's error, then psycopg's from the CLOSE of that cursor in Django's finally.)
+        with pytest.raises((DatabaseError, psycopg.Error), match="does not exist"):
+            list(rows)
+
+    # DISABLE_SERVER_SIDE_CURSORS=True (docs/deployment.md): the same steps work.
+    conn.settings_dict["DISABLE_SERVER_SIDE_CURSORS"] = True
+    with (
+        one_server_left(bouncer) as holders,
+        psycopg.connect(**{**bouncer.client_params(), "autocommit": False}) as other,
+    ):
+        rows = Job.objects.order_by("pk").iterator(chunk_size=1)
+        next(rows)
+        other.execute("SELECT 1")
+        holders[0].close()
+        assert len(list(rows)) == 2
+    assert_through_pgbouncer(bouncer)
+
+
 @pytest.mark.workers
 def test_run_jobs_drains_a_concurrency_limited_key_through_pgbouncer(
     through_pgbouncer, workers_through_pgbouncer, capsys
@@ -302,7 +366,7 @@ def test_run_jobs_drains_a_concurrency_limited_key_through_pgbouncer(
     )
     assert BlockedExecution.objects.filter(concurrency_key=KEYED).count() == 59
     total = Job.objects.count()
-    before = bouncer.transactions()
+    before = bouncer.stats()
     began = time.monotonic()
 
     proc = workers_through_pgbouncer("--processes", "2", "--threads", "4")
@@ -356,14 +420,25 @@ def test_run_jobs_drains_a_concurrency_limited_key_through_pgbouncer(
     assert leftovers == [0, 0, 0, 0]
     assert [(s.value, s.limit) for s in Semaphore.objects.all()] == [(1, 1)]
     # Every start, retry and finish went through PgBouncer.
-    assert bouncer.transactions() - before >= total
+    after = bouncer.stats()
+    transactions = after["total_xact_count"] - before["total_xact_count"]
+    assert transactions >= total
     for problem in ("deadlock", "does not exist", "Traceback", "database unavailable"):
         assert problem not in output, output[-3000:]
+    connections_of = {
+        kind: sorted(
+            (sum(remote == bouncer.port for _, remote in seen[pid]), len(seen[pid]))
+            for pid in pids
+            if pids[pid] == kind
+        )
+        for kind in sorted(set(pids.values()))
+    }
     with capsys.disabled():
         print(
-            f"\npgbouncer drain: {total} jobs in {drained:.1f}s, "
-            f"{bouncer.transactions() - before} transactions through PgBouncer, "
-            f"pool {bouncer.pool()}"
+            f"\npgbouncer drain: {total} jobs in {drained:.1f}s, {transactions} transactions "
+            f"through a pool of {bouncer.pool_size}, clients waited "
+            f"{int(after['total_wait_time'] - before['total_wait_time']) / 1e6:.2f}s in all; "
+            f"connections per process (to PgBouncer, in all): {connections_of}"
         )
 
 
