@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from django.tasks import Task, TaskResult
 
+    from .job_progress import Progress
+
 __all__ = [
     "Exponential",
     "Snooze",
@@ -16,6 +18,8 @@ __all__ = [
     "cancel_requested",
     "enqueue_batch",
     "enqueue_on_commit",
+    "progress",
+    "set_progress",
     "task",
 ]
 
@@ -103,6 +107,32 @@ def cancel_requested() -> bool:
     from .runner.watchdog import cancel_requested as requested
 
     return requested()
+
+
+def set_progress(done: float, total: float | None = None, message: str = "") -> None:
+    """Inside a running job: report how far it has got, ``done`` of ``total`` (None:
+    unknown), and what it is doing now (``message``, at most 255 characters kept).
+
+    Returns at once, from sync and async tasks alike: the value is written to the
+    job's row by a thread of the worker, at most once a second per job, and the last
+    value reported is always written (see docs/control.md). Outside a running job it
+    raises ``RuntimeError``; a negative or non-finite ``done``, or a ``total`` that is
+    not > 0, raises ``ValueError``.
+    """
+    from .job_progress import set_progress as _set_progress
+
+    _set_progress(done, total, message)
+
+
+def progress(result_id: str | int, *, using: str | None = None) -> Progress | None:
+    """The last progress the job reported (``done``, ``total``, ``message``,
+    ``updated_at``, ``fraction``), or None if it has reported none.
+
+    Raises ``JobNotFound`` for an unknown id.
+    """
+    from .job_progress import progress as _progress
+
+    return _progress(result_id, using=using)
 
 
 def __getattr__(name: str) -> Any:

@@ -136,6 +136,13 @@ class Job(models.Model):
         blank=True,
         related_name="jobs",
     )
+    # The last progress its task reported (``django_jobs.set_progress``): written only by
+    # the worker's progress writer, one UPDATE of these four columns by primary key
+    # (django_jobs/job_progress.py), never by a transition. NULL until it reports.
+    progress_done = models.FloatField(null=True, blank=True)
+    progress_total = models.FloatField(null=True, blank=True)
+    progress_message = models.CharField(max_length=255, null=True, blank=True)
+    progress_at = models.DateTimeField(null=True, blank=True)
     # The enqueuer's trace context as propagation headers (W3C ``traceparent``, ``tracestate``),
     # so the run's span continues the enqueuing request's trace. NULL without OpenTelemetry
     # (``django_jobs.tracing``).

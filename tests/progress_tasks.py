@@ -1,0 +1,41 @@
+"""Tasks for the progress tests: they report progress, then wait for the test's go."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from django.tasks import task
+
+from django_jobs import set_progress
+
+
+def wait_for(gate: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not Path(gate).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {gate} within {timeout}s")
+        time.sleep(0.01)
+
+
+@task
+def reports_steps(gate: str) -> str:
+    """Step 1 reported, then waits for ``gate``; then three reports in a row and returns:
+    the last two come within the interval of the one before them."""
+    set_progress(1, 4, "step 1: downloading")
+    wait_for(gate)
+    set_progress(2, 4, "step 2: converting")
+    set_progress(3, 4, "step 3: uploading")
+    set_progress(4, 4, "done")
+    return "ok"
+
+
+@task
+async def reports_from_async(gate: str) -> str:
+    """An ``async def`` task: set_progress does no I/O of its own, so it is called as is."""
+    set_progress(5, message="rows imported")
+    while not Path(gate).exists():
+        await asyncio.sleep(0.01)
+    set_progress(7, message="rows imported")
+    return "ok"
