@@ -242,6 +242,23 @@ class PgBouncer:
         (row,) = [row for row in self.show("POOLS") if row["database"] == self.upstream.dbname]
         return row
 
+    def servers(self) -> list[dict[str, Any]]:
+        """PgBouncer's connections to PostgreSQL for the test database."""
+        return [row for row in self.show("SERVERS") if row["database"] == self.upstream.dbname]
+
+    def close_servers(self, timeout: float = 5.0) -> None:
+        """Close PgBouncer's connections to PostgreSQL (each once it is released), and
+        wait until they are gone: idle ones would keep whatever a test's clients left on
+        their sessions, and show in ``pg_stat_activity`` under a client's
+        ``application_name`` while other tests run."""
+        import psycopg
+
+        with psycopg.connect(**self.admin_params()) as admin:
+            admin.execute(f"RECONNECT {self.upstream.dbname}")
+        deadline = time.monotonic() + timeout
+        while self.servers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def stats(self) -> dict[str, Any]:
         """The test database's row of ``SHOW STATS`` (totals since PgBouncer started)."""
         (row,) = [row for row in self.show("STATS") if row["database"] == self.upstream.dbname]

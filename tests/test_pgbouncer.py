@@ -113,6 +113,14 @@ def pgbouncer(django_db_setup) -> Iterator[PgBouncer]:
         bouncer.cleanup()
 
 
+@pytest.fixture(autouse=True)
+def no_server_connections_left(request) -> Iterator[None]:
+    """After each test, PgBouncer holds no connection to PostgreSQL (see close_servers)."""
+    yield
+    if "pgbouncer" in request.fixturenames:
+        request.getfixturevalue("pgbouncer").close_servers()
+
+
 @pytest.fixture
 def through_pgbouncer(pgbouncer, transactional_db) -> Iterator[PgBouncer]:
     """This process's ``default`` alias through PgBouncer for the test, set as
