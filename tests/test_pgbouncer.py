@@ -30,6 +30,7 @@ import signal
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from importlib.util import find_spec
 from typing import Any
 
 import psycopg
@@ -496,8 +497,9 @@ def test_a_job_enqueued_through_pgbouncer_wakes_an_idle_worker_listening_directl
 
 
 def test_the_admin_works_through_pgbouncer(through_pgbouncer, admin_client, settings):
-    """Every page answers 200 and the operator's actions take effect, with every query
-    of the requests (Django's test client, in this thread) going through PgBouncer."""
+    """Every page (and the metrics) answers 200 and the operator's actions take effect,
+    with every query of the requests (Django's test client, in this thread) going through
+    PgBouncer."""
     bouncer = through_pgbouncer
     settings.DJANGO_JOBS = {
         **settings.DJANGO_JOBS,
@@ -532,6 +534,9 @@ def test_the_admin_works_through_pgbouncer(through_pgbouncer, admin_client, sett
     ]
     for url in pages:
         assert admin_client.get(url).status_code == 200, url
+    if find_spec("prometheus_client") is not None:  # the metrics, read at scrape time
+        metrics = admin_client.get("/jobs/metrics")
+        assert metrics.status_code == 200 and b"django_jobs_" in metrics.content
     assert_through_pgbouncer(bouncer)
 
     def post(url: str, data: dict[str, Any] | None = None) -> None:
