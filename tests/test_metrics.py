@@ -407,6 +407,7 @@ def test_only_get_and_head(viewer):
     [
         ({"bearer_tokens": [""]}, "non-empty strings"),
         ({"bearer_tokens": "one-token"}, "non-empty strings"),
+        ({"bearer_tokens": None}, "non-empty strings"),
         ({"bearer_token": ["x"]}, "Did you mean 'bearer_tokens'?"),
         ({"top_keys": -1}, "top_keys"),
         ({"allow_staff": "yes"}, "allow_staff"),

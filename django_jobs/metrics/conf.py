@@ -44,7 +44,9 @@ class MetricsSettings:
                 )
         values: dict[str, Any] = dict(raw)
         tokens = values.get("bearer_tokens", ())
-        if isinstance(tokens, str) or not all(isinstance(t, str) and t for t in tokens):
+        if not isinstance(tokens, list | tuple) or not all(
+            isinstance(t, str) and t for t in tokens
+        ):
             # An empty token would let "Authorization: Bearer " in.
             raise ImproperlyConfigured(
                 f'{SETTINGS_NAME}["bearer_tokens"] must be a list of non-empty strings'
