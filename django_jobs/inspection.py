@@ -1,4 +1,5 @@
-"""What an operator asks of the queue: counts, blocked keys, stuck jobs, live processes.
+"""What an operator asks of the queue: counts, blocked keys, stuck jobs, live processes,
+and the progress of running jobs.
 
 Shared by ``manage.py jobs`` (and meant for the admin): every query reads the
 small execution tables or an index range of ``Job`` (finished in the last
@@ -17,6 +18,7 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from .conf import JobsSettings
+from .job_progress import from_row
 from .models import (
     BlockedExecution,
     ClaimedExecution,
@@ -60,6 +62,20 @@ class ProcessInfo:
 
 
 @dataclass
+class RunningProgress:
+    """A running job that has reported progress (``django_jobs.set_progress``)."""
+
+    job_id: int
+    task_path: str
+    queue_name: str
+    done: float
+    total: float | None
+    fraction: float | None
+    message: str
+    updated_at: datetime
+
+
+@dataclass
 class Snapshot:
     taken_at: datetime
     queues: dict[str, dict[str, int]]
@@ -67,6 +83,7 @@ class Snapshot:
     blocked_keys: list[BlockedKey]
     stuck: dict[str, list[int]]
     processes: list[ProcessInfo]
+    progress: list[RunningProgress] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         def encode(value: Any) -> Any:
@@ -276,6 +293,45 @@ def running_too_long(db: str, now: datetime, factor: float = 5.0) -> list[int]:
     return late[:STUCK_SAMPLE]
 
 
+def running_progress(db: str, limit: int = STUCK_SAMPLE) -> list[RunningProgress]:
+    """Running jobs that have reported progress, at most ``limit``, oldest job first.
+
+    Reads the running jobs through the ``(status, finished_at)`` index: as many rows
+    as jobs run now, never the history.
+    """
+    rows = (
+        Job.objects.using(db)
+        .filter(status=JobStatus.RUNNING, progress_at__isnull=False)
+        .order_by("pk")
+        .values_list(
+            "pk",
+            "task_path",
+            "queue_name",
+            "progress_done",
+            "progress_total",
+            "progress_message",
+            "progress_at",
+        )[:limit]
+    )
+    result = []
+    for pk, task_path, queue_name, *columns in rows:
+        reported = from_row(*columns)
+        if reported is not None:
+            result.append(
+                RunningProgress(
+                    job_id=pk,
+                    task_path=task_path,
+                    queue_name=queue_name,
+                    done=reported.done,
+                    total=reported.total,
+                    fraction=reported.fraction,
+                    message=reported.message,
+                    updated_at=reported.updated_at,
+                )
+            )
+    return result
+
+
 def snapshot(conf: JobsSettings | None = None) -> Snapshot:
     conf = conf or JobsSettings.load()
     db = conf.database
@@ -289,6 +345,7 @@ def snapshot(conf: JobsSettings | None = None) -> Snapshot:
         blocked_keys=keys,
         stuck=stuck_jobs(db, now, conf, procs, keys),
         processes=procs,
+        progress=running_progress(db),
     )
 
 

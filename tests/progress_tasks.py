@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.tasks import task
 
-from django_jobs import set_progress
+from django_jobs import cancel_requested, set_progress
 
 
 def wait_for(gate: str, timeout: float = 60.0) -> None:
@@ -39,3 +39,14 @@ async def reports_from_async(gate: str) -> str:
         await asyncio.sleep(0.01)
     set_progress(7, message="rows imported")
     return "ok"
+
+
+@task(takes_context=True, max_attempts=3)
+def reports_until_cancelled(context) -> str:
+    """Counts rows of 200 until asked to stop, reporting each; stops cooperatively."""
+    row = 0
+    while not cancel_requested():
+        row = min(row + 1, 199)
+        set_progress(row, 200, f"row {row} of 200")
+        time.sleep(0.02)
+    return f"stopped at row {row}"

@@ -611,3 +611,131 @@ def test_the_refresh_script_carries_the_csp_nonce(admin_user, settings):
     nonce = re.search(r"'nonce-([^']+)'", response["Content-Security-Policy"]).group(1)
     tag = re.search(r'<script src="[^"]*django_jobs/refresh.js"[^>]*>', response.content.decode())
     assert tag and f'nonce="{nonce}"' in tag.group(0)
+
+
+# --- job control (issue 14): cancel and progress -----------------------------------------
+
+
+def running_job(**kwargs) -> Job:
+    """A job claimed and started by a registered worker, as run_jobs leaves it (call it
+    before making other ready jobs: it claims one)."""
+    worker = register_process("default", "worker")
+    job_id = int(tasks.echo.enqueue("x").id)
+    (job,) = claim_jobs("default", worker.pk, QueueSelector(("*",)), 1)
+    assert start_job("default", job, worker.pk, worker.name)
+    if kwargs:
+        Job.objects.filter(pk=job_id).update(**kwargs)
+    return Job.objects.get(pk=job_id)
+
+
+def test_cancel_a_waiting_job_from_its_page(admin_client):
+    job_id = int(tasks.echo.enqueue("x").id)
+    body = admin_client.get(job_url(job_id)).content.decode()
+    assert f'action="{job_url(job_id, "cancel")}"' in body
+    response = admin_client.post(job_url(job_id, "cancel"), follow=True)
+    assert messages_of(response) == [f"Job #{job_id} was cancelled: it will not run."]
+    job = Job.objects.get(pk=job_id)
+    assert (job.status, job.attempts) == (JobStatus.FAILED, 0)
+    assert not ReadyExecution.objects.filter(job_id=job_id).exists()
+    assert list(job.failures.values_list("exception_class_path", flat=True)) == [
+        "django_jobs.exceptions.JobCancelled"
+    ]
+    # Ended: no Cancel button any more, and cancelling again says why it did nothing.
+    assert "Cancel</button>" not in response.content.decode()
+    response = admin_client.post(job_url(job_id, "cancel"), follow=True)
+    assert messages_of(response) == [f"Job #{job_id} was not cancelled: it has already ended."]
+    assert admin_client.get(job_url(job_id, "cancel")).status_code == 405
+    response = admin_client.post(job_url(10**9, "cancel"), follow=True)
+    assert messages_of(response) == [f"Job #{10**9} was not cancelled: there is no such job."]
+
+
+def test_cancel_a_running_job_from_its_page_asks_its_worker(admin_client):
+    job = running_job()
+    body = admin_client.get(job_url(job.pk)).content.decode()
+    assert "Cancel</button>" in body and "Discard</button>" not in body
+    response = admin_client.post(job_url(job.pk, "cancel"), follow=True)
+    (said,) = messages_of(response)
+    assert said.startswith(f"Job #{job.pk}: stop requested.")
+    job.refresh_from_db()
+    # Only asked: the worker that runs it stops it and records the outcome.
+    assert job.status == JobStatus.RUNNING and job.cancel_requested_at is not None
+    assert ClaimedExecution.objects.filter(job_id=job.pk).exists()
+    assert "Cancel requested at" in text(response)
+
+
+def test_bulk_cancel_says_what_happened_to_each_job(admin_client):
+    running = running_job().pk  # first: it claims the one ready job there is
+    waiting = [int(tasks.echo.enqueue(n).id) for n in range(2)]
+    blocked = [int(one_at_a_time.enqueue(1).id) for _ in range(2)][1]
+    finished = FinishedJobFactory().pk
+    response = admin_client.post(
+        page("job"),
+        {"action": "cancel_selected", "_selected_action": [*waiting, blocked, running, finished]},
+        follow=True,
+    )
+    assert messages_of(response) == [
+        "3 jobs cancelled.",
+        "1 running job: stop requested (their workers stop them within seconds).",
+        "1 job not cancelled: they had already ended.",
+    ]
+    statuses = dict(Job.objects.values_list("pk", "status"))
+    assert [statuses[pk] for pk in [*waiting, blocked]] == [JobStatus.FAILED] * 3
+    assert statuses[running] == JobStatus.RUNNING
+    assert Job.objects.get(pk=running).cancel_requested_at is not None
+    assert statuses[finished] == JobStatus.SUCCEEDED
+    assert not BlockedExecution.objects.filter(job_id=blocked).exists()
+
+
+def test_only_users_who_may_act_can_cancel(viewer, admin_user):
+    job_id = int(tasks.echo.enqueue("x").id)
+    assert "Cancel</button>" not in viewer.get(job_url(job_id)).content.decode()
+    assert viewer.post(job_url(job_id, "cancel")).status_code == 403
+    viewer.post(page("job"), {"action": "cancel_selected", "_selected_action": [job_id]})
+    csrf_checked = Client(enforce_csrf_checks=True)
+    csrf_checked.force_login(admin_user)
+    assert csrf_checked.post(job_url(job_id, "cancel")).status_code == 403
+    job = Job.objects.get(pk=job_id)
+    assert (job.status, job.cancel_requested_at) == (JobStatus.READY, None)
+
+
+def test_the_job_page_shows_progress_as_a_bar_and_follows_a_running_job(admin_client):
+    job = running_job(
+        progress_done=42,
+        progress_total=168,
+        progress_message="rows imported",
+        progress_at=timezone.now(),
+    )
+    html = admin_client.get(job_url(job.pk)).content.decode()
+    assert '<progress id="job-progress-bar" max="168" value="42">25%</progress>' in html
+    assert '<strong id="job-progress-done">25% · 42 of 168</strong>' in html
+    assert '<span id="job-progress-message">rows imported</span>' in html
+    assert 'id="jobs-refresh" data-seconds="10"' in html  # it refreshes while unfinished
+    # Without a total: the count done, and a bar that says "under way" while it runs.
+    Job.objects.filter(pk=job.pk).update(progress_done=1234567, progress_total=None)
+    html = admin_client.get(job_url(job.pk)).content.decode()
+    assert '<progress id="job-progress-bar">1,234,567 done</progress>' in html
+    # A finished job keeps its last report, and its page stops refreshing.
+    finished = FinishedJobFactory(progress_done=3.5, progress_total=7, progress_at=timezone.now())
+    html = admin_client.get(job_url(finished.pk)).content.decode()
+    assert '<strong id="job-progress-done">50% · 3.5 of 7</strong>' in html
+    assert "(by its last attempt that ran)" in html
+    assert "jobs-refresh" not in html
+    # A job that never reported has no progress box.
+    assert 'id="job-progress"' not in admin_client.get(job_url(failed_job().pk)).content.decode()
+
+
+def test_the_job_list_shows_a_running_jobs_progress_in_its_state(admin_client):
+    now = timezone.now()
+    half = running_job(progress_done=5, progress_total=10, progress_message="half", progress_at=now)
+    JobFactory(status=JobStatus.RUNNING, progress_done=12, progress_at=now)  # no total
+    FinishedJobFactory(progress_done=10, progress_total=10, progress_at=now)  # not running
+    html = admin_client.get(page("job")).content.decode()
+    cells = re.findall(r'<td class="field-state">(.*?)</td>', html, re.S)
+    assert len(cells) == 3
+    with_progress = [cell for cell in cells if "jobs-progress" in cell]
+    assert len(with_progress) == 2
+    assert '<progress max="100" value="50"></progress> 50%</span>' in html
+    assert re.search(r'<span class="jobs-progress" title="50% · 5 of 10: half \(reported ', html)
+    assert '<span class="jobs-progress" title="12 done (reported ' in html
+    assert ">12 done</span>" in html
+    assert half.status == JobStatus.RUNNING

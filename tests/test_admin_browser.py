@@ -19,6 +19,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.utils import timezone
 
+import django_jobs
 from django_jobs import enqueue_batch
 from django_jobs import task as jobs_task
 from django_jobs.admin.dashboard import DashboardAdmin
@@ -34,7 +35,7 @@ from django_jobs.models import (
 )
 from django_jobs.processes import register_process
 from django_jobs.queues import QueueSelector
-from tests import batch_tasks, tasks
+from tests import batch_tasks, progress_tasks, tasks
 from tests.factories import (
     FailedExecutionFactory,
     FinishedJobFactory,
@@ -42,6 +43,7 @@ from tests.factories import (
     ProcessFactory,
     ReadyExecutionFactory,
 )
+from tests.harness import error_paths, job_row, wait_until
 
 if os.environ.get("CI"):
     from playwright import sync_api as playwright  # CI must run these, never skip them
@@ -381,3 +383,56 @@ def test_the_job_list_reloads_itself_unless_a_row_is_ticked(page, monkeypatch):
     # Django's own script still works on the reloaded page.
     page.locator("#action-toggle").check()
     playwright.expect(page.locator(".action-counter")).to_have_text("4 of 4 selected")
+
+
+# --- job control (issue 14): cancel from the admin, progress on the job's page ----------
+
+
+def test_cancel_a_running_job_from_its_page_and_watch_its_progress(page, run_jobs):
+    result = progress_tasks.reports_until_cancelled.enqueue()
+    proc = run_jobs("--processes", "1", "--threads", "2")
+    wait_until(
+        lambda: django_jobs.progress(result.id) is not None,
+        30,
+        what=f"the job's first progress report; run_jobs said:\n{proc.output()}",
+    )
+    log_in(page, "ops", path=f"/admin/django_jobs/job/{result.id}/change/")
+    assert page.locator("#job-state").inner_text() == "running"
+    bar = page.locator("#job-progress-bar")
+    assert bar.get_attribute("max") == "200" and 0 < int(bar.get_attribute("value")) < 200
+    assert re.fullmatch(r"row \d+ of 200", page.locator("#job-progress-message").inner_text())
+
+    page.locator("#job-actions").get_by_role("button", name="Cancel").click()
+    assert f"Job #{result.id}: stop requested." in message(page)
+    assert "Cancel requested at" in page.locator("#job-cancel-requested").inner_text()
+    wait_until(lambda: job_row(result).status == JobStatus.FAILED, 30, what="the job to stop")
+    page.reload()
+    assert page.locator("#job-state").inner_text() == "failed"
+    assert "django_jobs.exceptions.JobCancelled" in page.locator("#attempts").inner_text()
+    actions = page.locator("#job-actions")
+    assert actions.get_by_role("button", name="Cancel").count() == 0  # ended: nothing to stop
+    assert actions.get_by_role("button", name="Retry").count() == 1  # an operator may, by hand
+    assert error_paths(result) == ["django_jobs.exceptions.JobCancelled"]  # never retried
+    assert job_row(result).attempts == 1
+    # Its last report stays on the page, from the attempt that ran.
+    assert "(by its last attempt that ran)" in page.locator("#job-progress").inner_text()
+
+
+def test_cancel_selected_waiting_jobs_from_the_list(page):
+    ready = int(tasks.add.enqueue(1, 2).id)
+    later = int(tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1, 2).id)
+    holder, blocked = (int(one_at_a_time.enqueue(7).id) for _ in range(2))
+    kept = int(tasks.add.enqueue(3, 4).id)
+    log_in(page, "ops", path="/admin/django_jobs/job/")
+    for job_id in (ready, later, blocked):
+        page.locator(f"#result_list input.action-select[value='{job_id}']").check()
+    page.select_option("select[name=action]", "cancel_selected")
+    page.locator("#changelist-form .actions button[name=index]").click()  # "Go", or 6.1's "Run"
+    assert "3 jobs cancelled." in message(page)
+    statuses = dict(Job.objects.values_list("pk", "status"))
+    assert [statuses[pk] for pk in (ready, later, blocked)] == [JobStatus.FAILED] * 3
+    assert statuses[holder] == statuses[kept] == JobStatus.READY
+    for job_id in (ready, later, blocked):
+        assert error_paths(job_id) == ["django_jobs.exceptions.JobCancelled"]
+    rows = page.locator("#result_list tbody tr")
+    assert rows.filter(has_text=f"#{blocked} ").locator(".jobs-state").inner_text() == "failed"

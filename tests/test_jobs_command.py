@@ -84,7 +84,13 @@ def test_human_report_names_every_section():
     ReadyExecutionFactory()
     ProcessFactory(kind=Process.Kind.DISPATCHER)
     text = report()
-    for heading in ("Queues", "Blocked concurrency keys", "Stuck jobs", "Processes"):
+    for heading in (
+        "Queues",
+        "Blocked concurrency keys",
+        "Stuck jobs",
+        "Processes",
+        "Progress of running jobs",
+    ):
         assert heading in text
     assert "default" in text and "dispatcher" in text
     assert "ready in unserved queue: 1" in text
@@ -92,5 +98,56 @@ def test_human_report_names_every_section():
 
 def test_empty_queues():
     text = report()
-    assert "no jobs" in text and "none running" in text
-    assert json.loads(report("--json"))["queues"] == {}
+    assert "no jobs" in text and "none running" in text and "none reported" in text
+    data = json.loads(report("--json"))
+    assert data["queues"] == {} and data["progress"] == []
+
+
+def test_running_jobs_with_progress_in_text_and_json():
+    at = timezone.now()
+    halfway = ClaimedExecutionFactory(
+        job=JobFactory(
+            status=JobStatus.RUNNING,
+            task_path="app.tasks.export",
+            progress_done=1234,
+            progress_total=2468,
+            progress_message="rows exported",
+            progress_at=at,
+        )
+    ).job_id
+    counting = JobFactory(
+        status=JobStatus.RUNNING, task_path="app.tasks.scan", progress_done=7.5, progress_at=at
+    ).pk
+    JobFactory(status=JobStatus.RUNNING, task_path="app.tasks.silent")  # reports nothing
+    FinishedJobFactory(progress_done=10, progress_total=10, progress_at=at)  # not running
+
+    data = json.loads(report("--json"))
+    assert data["progress"] == [
+        {
+            "job_id": halfway,
+            "task_path": "app.tasks.export",
+            "queue_name": "default",
+            "done": 1234,
+            "total": 2468,
+            "fraction": 0.5,
+            "message": "rows exported",
+            "updated_at": at.isoformat(),
+        },
+        {
+            "job_id": counting,
+            "task_path": "app.tasks.scan",
+            "queue_name": "default",
+            "done": 7.5,
+            "total": None,
+            "fraction": None,
+            "message": "",
+            "updated_at": at.isoformat(),
+        },
+    ]
+    lines = report().split("Progress of running jobs")[1].splitlines()
+    (export,) = [line for line in lines if "app.tasks.export" in line]
+    assert export.split()[:6] == [str(halfway), "app.tasks.export", "50%", "·", "1,234", "of"]
+    assert export.rstrip().endswith("rows exported")
+    (scan,) = [line for line in lines if "app.tasks.scan" in line]
+    assert "7.5 done" in scan
+    assert not [line for line in lines if "silent" in line]

@@ -13,11 +13,16 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
 
 from .. import operations
+from ..cancellation import CANCELLED, cancel_job
 from ..conf import JobsSettings
+from ..exceptions import JobAlreadyFinished, JobNotFound
+from ..job_progress import Progress, amount, from_row
 from ..models import (
+    FINISHED_STATUSES,
     BlockedExecution,
     ClaimedExecution,
     Job,
@@ -27,6 +32,7 @@ from ..models import (
 )
 from . import pagination
 from .base import (
+    DATETIME_FORMAT,
     REFRESH_SECONDS,
     JobsPermissionsMixin,
     ListTitleMixin,
@@ -45,6 +51,13 @@ from .filters import (
 # What each state allows (the operations re-check under their locks).
 RETRYABLE = {JobStatus.FAILED}
 DISCARDABLE = {JobStatus.READY, JobStatus.SCHEDULED, JobStatus.BLOCKED, JobStatus.FAILED}
+CANCELLABLE = {
+    JobStatus.READY,
+    JobStatus.SCHEDULED,
+    JobStatus.BLOCKED,
+    JobStatus.CLAIMED,
+    JobStatus.RUNNING,
+}
 
 
 def jobs_db() -> str:
@@ -73,6 +86,30 @@ def no_execution(job: Job) -> str:
 def shown(value: Any) -> Any:
     """A value of the execution row as the page shows it (dates in the pages' one format)."""
     return format_datetime(value) if isinstance(value, datetime) else value
+
+
+def job_progress(job: Job) -> Progress | None:
+    """The progress the job last reported (``set_progress``), None if it reported none."""
+    return from_row(job.progress_done, job.progress_total, job.progress_message, job.progress_at)
+
+
+def progress_cell(progress: Progress) -> str:
+    """The list's compact form: a small bar and the percentage, or the count done; the
+    numbers, the message and when it was reported in the title."""
+    title = progress.summary + (f": {progress.message}" if progress.message else "")
+    reported = format_date(timezone.template_localtime(progress.updated_at), DATETIME_FORMAT)
+    title += f" (reported {reported})"
+    if progress.fraction is None:
+        return format_html(
+            '<span class="jobs-progress" title="{}">{} done</span>', title, amount(progress.done)
+        )
+    return format_html(
+        '<span class="jobs-progress" title="{}"><progress max="100" value="{}"></progress> '
+        "{}%</span>",
+        title,
+        progress.percent,
+        progress.percent,
+    )
 
 
 def current_execution(job: Job) -> dict[str, Any] | None:
@@ -140,7 +177,7 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
     list_max_show_all = 200
     show_full_result_count = False
     paginator = pagination.CappedCountPaginator
-    actions = ("retry_selected", "discard_selected", "run_selected_now")
+    actions = ("retry_selected", "discard_selected", "cancel_selected", "run_selected_now")
     change_list_template = "admin/django_jobs/job/change_list.html"
     # Reloaded, not swapped in place: Django's actions script binds the rows' checkboxes
     # once, when the page loads.
@@ -178,8 +215,9 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
 
     @admin.display(description="state", ordering="status")
     def state(self, job: Job) -> str:
-        """The state, then attempts made of those allowed (one column: the list fits)."""
-        return format_html(
+        """The state, then attempts made of those allowed (one column: the list fits), then
+        a running job's progress, when its task reports one."""
+        html = format_html(
             '<span class="jobs-state jobs-{}">{}</span> '
             '<span title="attempt {} of {}">{}/{}</span>',
             job.status,
@@ -189,6 +227,10 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
             job.attempts,
             job.max_attempts,
         )
+        progress = job_progress(job) if job.status == JobStatus.RUNNING else None
+        if progress is not None:
+            html = format_html("{} {}", html, progress_cell(progress))
+        return html
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str):
         term = search_term.strip().lstrip("#")
@@ -205,6 +247,7 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
     ):
         job = self.object_to_show(request, object_id, "use the job's action buttons")
         can_act = self.has_act_permission(request, job)
+        progress = job_progress(job)
         context = {
             **page_context(
                 self,
@@ -212,6 +255,8 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
                 f"Job #{job.pk}: {job.task_path}",
                 trail=(("Jobs", self.list_url()),),
                 here=f"#{job.pk}",
+                # An unfinished job's page follows it (its state, its progress) by itself.
+                refresh=0 if job.status in FINISHED_STATUSES else self.refresh_seconds,
             ),
             "now": timezone.now(),
             "job": job,
@@ -224,6 +269,8 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
             "can_retry": can_act and job.status in RETRYABLE,
             "can_discard": can_act and job.status in DISCARDABLE,
             "can_run_now": can_act and job.status == JobStatus.BLOCKED,
+            "can_cancel": can_act and job.status in CANCELLABLE,
+            "progress": progress,
         }
         return TemplateResponse(request, "admin/django_jobs/job/detail.html", context)
 
@@ -234,6 +281,7 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
         return [
             path("<int:job_id>/retry/", wrap(self.retry_view), name="django_jobs_job_retry"),
             path("<int:job_id>/discard/", wrap(self.discard_view), name="django_jobs_job_discard"),
+            path("<int:job_id>/cancel/", wrap(self.cancel_view), name="django_jobs_job_cancel"),
             path("<int:job_id>/run-now/", wrap(self.run_now_view), name="django_jobs_job_run_now"),
             *super().get_urls(),
         ]
@@ -283,6 +331,29 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
             )
         return HttpResponseRedirect(self.job_url(job_id))
 
+    def cancel_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
+        """Cancel a waiting job at once, or ask a running one's worker to stop it."""
+        self.require_act_permission(request)
+        if request.method != "POST":
+            return HttpResponse(status=405)
+        try:
+            outcome = cancel_job(jobs_db(), job_id)
+        except JobNotFound:
+            messages.warning(request, f"Job #{job_id} was not cancelled: there is no such job.")
+            return HttpResponseRedirect(self.list_url())
+        except JobAlreadyFinished:
+            messages.warning(request, f"Job #{job_id} was not cancelled: it has already ended.")
+        else:
+            if outcome == CANCELLED:
+                messages.success(request, f"Job #{job_id} was cancelled: it will not run.")
+            else:
+                messages.success(
+                    request,
+                    f"Job #{job_id}: stop requested. Its worker stops it within seconds; it "
+                    "then ends failed (JobCancelled), never retried.",
+                )
+        return HttpResponseRedirect(self.job_url(job_id))
+
     def run_now_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
         """GET asks for confirmation (it bypasses the limit); POST does it."""
         self.require_act_permission(request)
@@ -304,6 +375,30 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
         ids = list(queryset.values_list("pk", flat=True))
         done = operations.discard_many(jobs_db(), ids)
         self.report(request, done, len(ids), "discarded", "they were running or finished")
+
+    @admin.action(description="Cancel selected waiting or running jobs", permissions=["act"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        """Each through ``cancel_job``, one at a time in id order (one lock at a time)."""
+        db = jobs_db()
+        outcomes = {"cancelled": 0, "requested": 0, "not": 0}
+        for job_id in sorted(set(queryset.values_list("pk", flat=True))):
+            try:
+                outcomes[cancel_job(db, job_id)] += 1
+            except (JobNotFound, JobAlreadyFinished):
+                outcomes["not"] += 1
+        if outcomes["cancelled"]:
+            messages.success(request, f"{plural(outcomes['cancelled'], 'job')} cancelled.")
+        if outcomes["requested"]:
+            messages.success(
+                request,
+                f"{plural(outcomes['requested'], 'running job')}: stop requested (their "
+                "workers stop them within seconds).",
+            )
+        if outcomes["not"]:
+            messages.warning(
+                request,
+                f"{plural(outcomes['not'], 'job')} not cancelled: they had already ended.",
+            )
 
     @admin.action(
         description="Run selected blocked jobs now, past their limit", permissions=["act"]

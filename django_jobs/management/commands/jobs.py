@@ -8,10 +8,14 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from django_jobs.inspection import STATES, Snapshot, snapshot
+from django_jobs.job_progress import summary
 
 
 class Command(BaseCommand):
-    help = "Show per-queue counts, blocked concurrency keys, stuck jobs and live processes."
+    help = (
+        "Show per-queue counts, blocked concurrency keys, stuck jobs, live processes and the "
+        "progress of running jobs."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--json", action="store_true", help="Print one JSON document.")
@@ -70,6 +74,22 @@ class Command(BaseCommand):
             table(["kind", "host", "pid", "heartbeat", "state", "running jobs"], proc_rows)
             if proc_rows
             else "  none running"
+        )
+        out(self.style.MIGRATE_HEADING("Progress of running jobs"))
+        progress_rows = [
+            [
+                str(p.job_id),
+                p.task_path,
+                summary(p.done, p.total),
+                f"{p.updated_at:%H:%M:%S}",
+                p.message,
+            ]
+            for p in state.progress
+        ]
+        out(
+            table(["job", "task", "progress", "reported", "message"], progress_rows)
+            if progress_rows
+            else "  none reported"
         )
 
 
