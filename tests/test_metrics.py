@@ -418,3 +418,19 @@ def test_a_wrong_setting_is_an_error_not_an_open_or_broken_endpoint(settings, co
     settings.DJANGO_JOBS_METRICS = config
     with pytest.raises(ImproperlyConfigured, match=message):
         Client().get(URL, headers={"Authorization": "Bearer "})
+
+
+def test_without_prometheus_client_the_urlconf_says_which_extra_to_install(monkeypatch):
+    import importlib
+    import sys
+
+    for name in [m for m in sys.modules if m.split(".")[0] == "prometheus_client"]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed
+    import django_jobs.metrics
+
+    for name in ("urls", "views", "collector"):
+        monkeypatch.delitem(sys.modules, f"django_jobs.metrics.{name}", raising=False)
+        # "from . import views" takes the package's attribute if there is one.
+        monkeypatch.delattr(django_jobs.metrics, name, raising=False)
+    with pytest.raises(ImproperlyConfigured, match=r"django-db-jobs\[prometheus\]"):
+        importlib.import_module("django_jobs.metrics.urls")

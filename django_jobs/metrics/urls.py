@@ -12,8 +12,8 @@ from django.urls import path
 
 try:
     from . import views
-except ImportError as exc:  # pragma: no cover - the extra's absence, checked by hand
-    if exc.name is None or not exc.name.startswith("prometheus_client"):
+except ImportError as exc:
+    if not (exc.name or "").startswith("prometheus_client"):
         raise
     raise ImproperlyConfigured(
         "django_jobs.metrics needs prometheus_client: pip install 'django-db-jobs[prometheus]'"
