@@ -85,13 +85,35 @@ def jobs_of(db_path: Path) -> dict[int, tuple[str, str, int, datetime, datetime 
     }
 
 
+def errors_of(db_path: Path) -> dict[int, list[str]]:
+    """{job id: the class names of its failed attempts, in order} from the demo's database."""
+    with sqlite3.connect(db_path) as db:
+        rows = db.execute(
+            "SELECT job_id, exception_class_path FROM django_jobs_failedexecution "
+            "ORDER BY job_id, attempt, id"
+        ).fetchall()
+    errors: dict[int, list[str]] = {}
+    for job_id, path in rows:
+        errors.setdefault(job_id, []).append(path.rsplit(".", 1)[-1])
+    return errors
+
+
+def progress_of(db_path: Path, job_id: int) -> tuple:
+    with sqlite3.connect(db_path) as db:
+        return db.execute(
+            "SELECT progress_done, progress_total, progress_message FROM django_jobs_job "
+            "WHERE id = ?",
+            [job_id],
+        ).fetchone()
+
+
 def events_of(output: str) -> list[tuple[str, str, int, int]]:
     return [
         (event, task, int(job), int(attempt)) for event, task, job, attempt in EVENT.findall(output)
     ]
 
 
-def check_run(output: str, jobs: dict, new_ids: set[int]) -> None:
+def check_run(output: str, jobs: dict, new_ids: set[int], db_path: Path) -> None:
     """Every event of every job of this run logged once, in an order that makes sense."""
     assert "Task id=" not in output, "Django's django.tasks duplicate of our log lines"
     assert "Traceback" not in output, output
@@ -128,6 +150,25 @@ def check_run(output: str, jobs: dict, new_ids: set[int]) -> None:
     assert len(jobs_named("rebuild_index")) == 1
     assert len(jobs_named("import_done")) == 1
     assert len(re.findall(r"batch \d+ done: 4 imported, 0 failed", output)) == 1
+    # Job control: the export reported its progress to the end; the slow sync timed out;
+    # the endless import was cancelled while it ran, and stopped by itself.
+    text = flat(output)
+    errors = errors_of(db_path)
+    (export,) = jobs_named("export_orders")
+    assert jobs[export][1:3] == ("succeeded", 1)
+    assert progress_of(db_path, export) == (3, 3, "done")
+    assert f"Demo: progress(#{export}) -> " in text
+    assert f"progress #{export} succeeded; progress() reads 100% · 3 of 3 (done)" in text
+    (slow,) = jobs_named("sync_catalogue")
+    assert jobs[slow][1:3] == ("failed", 1) and errors[slow] == ["JobTimeout"]
+    assert f"timeout #{slow} failed: JobTimeout on attempt 1 of 1" in text
+    (endless,) = jobs_named("import_products")
+    assert jobs[endless][1:3] == ("failed", 1) and errors[endless] == ["JobCancelled"]
+    assert f"Demo: cancel(#{endless}) -> 'requested'" in text
+    assert f"job {endless}: cancel requested" in output
+    assert re.search(r"import_products stopped after \d+ rows: cancel requested", output)
+    assert f"job {endless} cancelled: interrupting" not in output  # it stopped by itself
+    assert f"cancel #{endless} failed: JobCancelled on attempt 1 of 1" in text
     # The summary, from the database's own counts.
     statuses = Counter(jobs[i][1] for i in new_ids)
     assert (
@@ -153,14 +194,14 @@ def test_the_demo_runs_every_job_logs_each_event_once_and_stops_by_itself(tmp_pa
     db_path = tmp_path / "demo.sqlite3"
     output = run_demo(db_path)
     jobs = jobs_of(db_path)
-    check_run(output, jobs, set(jobs))
+    check_run(output, jobs, set(jobs), db_path)
     assert "log in as admin / admin (a superuser the demo created)" in flat(output)
     with sqlite3.connect(db_path) as db:
         assert db.execute("SELECT is_superuser FROM auth_user WHERE username = 'admin'").fetchall()
     # Run again on the same database, as a user running the README's command twice does.
     again = run_demo(db_path)
     jobs_after = jobs_of(db_path)
-    check_run(again, jobs_after, set(jobs_after) - set(jobs))
+    check_run(again, jobs_after, set(jobs_after) - set(jobs), db_path)
     assert "log in as admin / admin." in flat(again)
 
 

@@ -12,6 +12,7 @@ import time
 
 from django.tasks import TaskContext, task
 
+from django_jobs import cancel_requested, set_progress
 from django_jobs import task as jobs_task
 
 logger = logging.getLogger("testproject.demo")
@@ -84,3 +85,45 @@ def import_done(batch_id: int, succeeded: int, failed: int) -> str:
     """The batch's on_finish callback: runs once, after the last row."""
     logger.info("batch %s done: %s imported, %s failed", batch_id, succeeded, failed)
     return f"{succeeded} imported, {failed} failed"
+
+
+# Job control (docs/control.md): progress, a timeout, a cancel.
+
+# The export's steps, each reported as it begins. A little over a second apart, so each
+# report is written at once (a job's progress is written at most once a second).
+EXPORT_STEPS = ("reading the orders", "totalling", "writing the CSV", "done")
+EXPORT_STEP_SECONDS = 1.2
+# The slow sync's timeout: past it, its thread is interrupted (JobTimeout).
+SYNC_TIMEOUT_SECONDS = 1.0
+
+
+@task
+def export_orders(month: str) -> str:
+    """Reports its progress, step by step: the job list, its page and
+    ``django_jobs.progress()`` show how far it has got."""
+    for done, step in enumerate(EXPORT_STEPS):
+        set_progress(done, len(EXPORT_STEPS) - 1, step)
+        if done < len(EXPORT_STEPS) - 1:
+            time.sleep(EXPORT_STEP_SECONDS)
+    return f"orders-{month}.csv"
+
+
+@jobs_task(timeout=SYNC_TIMEOUT_SECONDS)
+def sync_catalogue(supplier: str) -> None:
+    """Takes far longer than its timeout allows: interrupted, recorded as JobTimeout."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@task
+def import_products(supplier: str) -> int:
+    """Runs until it is cancelled, checking ``cancel_requested()`` between rows; reports
+    the rows it has imported (no total: it does not know how many there are)."""
+    rows = 0
+    while not cancel_requested():
+        rows += 1
+        set_progress(rows, message=f"products from {supplier}")
+        time.sleep(0.05)
+    logger.info("import_products stopped after %s rows: cancel requested", rows)
+    return rows

@@ -31,7 +31,7 @@ from django.db import connection, connections
 from django.tasks import TaskResult
 from django.utils import timezone
 
-from django_jobs import bulk_enqueue, enqueue_batch
+from django_jobs import bulk_enqueue, cancel, enqueue_batch, progress
 from django_jobs.models import FINISHED_STATUSES, Batch, FailedExecution, Job, JobStatus
 from testproject.demo import tasks
 
@@ -57,6 +57,9 @@ class Tour:
     unique: list[TaskResult]
     batch_id: int
     rows: list[TaskResult]
+    export: TaskResult
+    slow_sync: TaskResult
+    endless_import: TaskResult
     started: float = field(default_factory=time.monotonic)
 
     def job_ids(self) -> set[int]:
@@ -69,6 +72,9 @@ class Tour:
             *self.keyed,
             *self.unique,
             *self.rows,
+            self.export,
+            self.slow_sync,
+            self.endless_import,
         ]
         return {int(result.id) for result in everything}
 
@@ -103,6 +109,9 @@ def enqueue_tour() -> Tour:
         on_finish=tasks.import_done,
         description="demo import",
     )
+    export = tasks.export_orders.enqueue("2026-10")
+    slow_sync = tasks.sync_catalogue.enqueue("acme")
+    endless_import = tasks.import_products.enqueue("acme")
     return Tour(
         plain=plain,
         emails=emails,
@@ -113,7 +122,40 @@ def enqueue_tour() -> Tour:
         unique=unique,
         batch_id=batch.id,
         rows=list(batch.results),
+        export=export,
+        slow_sync=slow_sync,
+        endless_import=endless_import,
     )
+
+
+class ControlTour:
+    """What the demo does while the jobs run: cancels the endless import once it runs, and
+    says how far the export has got each time its progress changes (``progress()``)."""
+
+    def __init__(self, tour: Tour, say: Callable[[str], None]) -> None:
+        self.tour = tour
+        self.say = say
+        self.cancelled = False
+        self.last_progress: tuple | None = None
+
+    def tick(self) -> None:
+        if not self.cancelled and job_row(self.tour.endless_import).status == JobStatus.RUNNING:
+            self.cancelled = True
+            outcome = cancel(self.tour.endless_import.id)
+            self.say(
+                f"Demo: cancel(#{self.tour.endless_import.id}) -> {outcome!r}: import_products "
+                "is running, so its worker asks it to stop; it sees cancel_requested() and "
+                "returns."
+            )
+        reported = progress(self.tour.export.id)
+        if reported is not None:
+            seen = (reported.done, reported.message)
+            if seen != self.last_progress:
+                self.last_progress = seen
+                self.say(
+                    f"Demo: progress(#{self.tour.export.id}) -> {reported.summary} "
+                    f"({reported.message})"
+                )
 
 
 class DoneWatcher(threading.Thread):
@@ -124,17 +166,25 @@ class DoneWatcher(threading.Thread):
     part of its interface, and the demo needs no second way.
     """
 
-    def __init__(self, tour: Tour, default_sigint: Any, on_finished: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        tour: Tour,
+        default_sigint: Any,
+        on_finished: Callable[[], None],
+        on_tick: Callable[[], None] = lambda: None,
+    ) -> None:
         super().__init__(name="demo-done-watcher", daemon=True)
         self.tour = tour
         self.default_sigint = default_sigint
         self.on_finished = on_finished
+        self.on_tick = on_tick
         self.finished = threading.Event()
         self.stop = threading.Event()
 
     def run(self) -> None:
         try:
             while not self.stop.wait(0.2):
+                self.on_tick()
                 if self.tour.unfinished() == 0:
                     self.finished.set()
                     self.on_finished()
@@ -193,6 +243,7 @@ class Command(BaseCommand):
                 "Every job of the tour has ended: stopping run_jobs, as Ctrl-C would.",
                 self.style.SUCCESS,
             ),
+            ControlTour(tour, lambda text: self.say(text, self.style.NOTICE)).tick,
         )
         watcher.start()
         try:
@@ -254,6 +305,24 @@ class Command(BaseCommand):
                 f"batch #{tour.batch_id}: import_row {rows}; when the last one ends, its "
                 "on_finish callback import_done runs, once",
             ),
+            (
+                "progress",
+                f"#{tour.export.id} export_orders reports its progress with set_progress(), "
+                f"{len(tasks.EXPORT_STEPS) - 1} steps; the demo reads it with progress() as it "
+                "changes",
+            ),
+            (
+                "timeout",
+                f"#{tour.slow_sync.id} sync_catalogue has timeout="
+                f"{tasks.SYNC_TIMEOUT_SECONDS:g} s and runs longer: interrupted, FAILED with "
+                "JobTimeout",
+            ),
+            (
+                "cancel",
+                f"#{tour.endless_import.id} import_products runs until cancelled: the demo "
+                "cancels it once it runs; it stops by itself, FAILED with JobCancelled, never "
+                "retried",
+            ),
         ]
         self.say(f"django-jobs demo, on {database_label()}", self.style.MIGRATE_HEADING)
         self.say(f"Enqueued {len(tour.job_ids())} jobs:")
@@ -306,6 +375,13 @@ class Command(BaseCommand):
             callback = callbacks[0]
             assert callback is not None
             notes.append(("batch", f"callback #{callback.pk} ran once: {callback.return_value!r}"))
+        if export := ran(tour.export.id):
+            reported = progress(export.pk)
+            told = f"{reported.summary} ({reported.message})" if reported else "nothing"
+            notes.append(("progress", f"#{export.pk} {export.status}; progress() reads {told}"))
+        for label, job_id in (("timeout", tour.slow_sync.id), ("cancel", tour.endless_import.id)):
+            if job := ran(job_id):
+                notes.append((label, f"#{job.pk} {job.status}: {last_error(job)}"))
         for label, text in notes:
             self.item(label, text)
 
@@ -319,8 +395,10 @@ class Command(BaseCommand):
         self.say(f"then open {ADMIN_URL} and log in {login}.", indent="  ")
         self.say(
             "Dashboard: counts per queue. Jobs: filter by status; a job's page lists every "
-            "failed attempt with its traceback (the retry's and the failure's). Batches: the "
-            "import and its callback. Processes: empty again, the worker has stopped.",
+            "failed attempt with its traceback (the retry's and the failure's, the timeout's "
+            "and the cancel's), shows the progress its task reported, and has a Cancel button "
+            "while the job waits or runs. Batches: the import and its callback. Processes: "
+            "empty again, the worker has stopped.",
             indent="  ",
         )
 
@@ -364,6 +442,15 @@ def use_short_log_lines() -> None:
 
 def job_row(result: TaskResult) -> Job:
     return Job.objects.get(pk=int(result.id))
+
+
+def last_error(job: Job) -> str:
+    """``JobTimeout (timed out: ...)``: the class and message of the job's last failure."""
+    failure = FailedExecution.objects.filter(job_id=job.pk).order_by("-attempt", "-pk").first()
+    if failure is None:
+        return "no error recorded"
+    name = failure.exception_class_path.rsplit(".", 1)[-1]
+    return f"{name} on attempt {failure.attempt} of {job.max_attempts} ({failure.message})"
 
 
 def ids(results: list[TaskResult]) -> str:
