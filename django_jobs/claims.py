@@ -449,10 +449,34 @@ def release_job(db: str, job_id: int, process_id: int) -> bool:
 def release_claimed(db: str, claim: ClaimedExecution) -> None:
     delete_claim(db, claim)
     job = Job.objects.using(db).get(pk=claim.job_id)
+    if job.cancel_requested_at is not None:
+        # Cancelled before it ever started: it ends here, costing no attempt, rather
+        # than waiting to be claimed again only to be stopped at its start.
+        end_cancelled(db, job, claim.concurrency_key)
+        return
     if claim.concurrency_key:
         hand_back_to_key(db, claim.concurrency_key, job)
     else:
         make_ready(db, [job])
+
+
+def end_cancelled(db: str, job: Job, key: str | None) -> None:
+    """A cancelled job whose claim was just deleted, never started: FAILED, JobCancelled."""
+    now = timezone.now()
+    FailedExecution.objects.using(db).create(
+        job_id=job.pk,
+        attempt=job.attempts,
+        exception_class_path="django_jobs.exceptions.JobCancelled",
+        message="cancelled before it started",
+        traceback="",
+        failed_at=now,
+    )
+    Job.objects.using(db).filter(pk=job.pk).update(
+        status=JobStatus.FAILED, finished_at=now, unique_lock=None
+    )
+    if key:
+        release_slot(db, key)
+    count_outcome(db, job.batch_id, succeeded=False)
 
 
 def recover_claim(db: str, job_id: int, process_id: int, reason: str) -> str | None:

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from django_jobs import Snooze, cancel, enqueue_batch
 from django_jobs import task as jobs_task
-from django_jobs.claims import claim_jobs, snooze_job, start_jobs
+from django_jobs.claims import claim_jobs, release_job, snooze_job, start_jobs
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
 from django_jobs.models import (
     Batch,
@@ -141,6 +141,24 @@ def test_a_snoozed_job_runs_again_later_without_using_up_its_attempt(run_jobs):
     assert "job snoozed" in proc.output()
     proc.send(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_job_handed_back_before_it_started_ends_without_an_attempt():
+    """A stop (or a dead worker) hands back a claimed job: if it was cancelled meanwhile,
+    it ends there instead of waiting to be claimed again only to be stopped."""
+    worker = register_process("default", "worker")
+    holder, follower = (one_at_a_time.enqueue(1) for _ in range(2))
+    (job,) = claim_jobs("default", worker.pk, QueueSelector(("*",)), 1)
+    assert cancel(holder.id) == "requested"
+    assert release_job("default", job.pk, worker.pk)
+    ended = job_row(holder)
+    assert (ended.status, ended.attempts, error_paths(holder)) == (
+        JobStatus.FAILED,
+        0,
+        [CANCELLED],
+    )
+    assert job_row(follower).status == JobStatus.READY  # the slot went on
 
 
 def test_bad_timeouts_are_refused_when_declared():
