@@ -183,29 +183,23 @@ def started(result, proc) -> AuditEvent:
 
 @pytest.mark.workers
 @pytest.mark.django_db(transaction=True)
-def test_a_running_job_that_checks_cancel_requested_stops_and_is_not_retried(run_jobs):
-    result = control_tasks.until_cancelled.enqueue()
-    proc = run_jobs("--processes", "1", "--threads", "2", env=FAST_GRACE)
-    started(result, proc)
-    assert cancel(result.id) == "requested"
-    wait_until(lambda: job_row(result).status == JobStatus.FAILED, 20, what="cancelled")
-    job = job_row(result)
-    assert (job.attempts, error_paths(result)) == (1, [CANCELLED])  # max_attempts=3: no retry
-    assert "interrupting" not in proc.output()  # it stopped by itself, within the grace
-    proc.send(signal.SIGTERM)
-    assert proc.wait(30) == 0, proc.output()
-
-
-@pytest.mark.workers
-@pytest.mark.django_db(transaction=True)
-def test_a_running_job_that_ignores_cancel_is_interrupted_after_the_grace(run_jobs):
-    result = control_tasks.ignores_cancel.enqueue()
+@pytest.mark.parametrize(
+    ("task", "interrupted"),
+    [(control_tasks.until_cancelled, False), (control_tasks.ignores_cancel, True)],
+    ids=["checks-cancel_requested", "ignores-it"],
+)
+def test_a_running_job_is_cancelled_and_not_retried(run_jobs, task, interrupted):
+    """A task that checks cancel_requested() stops by itself within the grace; one that
+    does not is interrupted after it. Either way: one attempt, JobCancelled, no retry
+    (max_attempts=3)."""
+    result = task.enqueue()
     proc = run_jobs("--processes", "1", "--threads", "2", env=FAST_GRACE)
     started(result, proc)
     assert cancel(result.id) == "requested"
     wait_until(lambda: job_row(result).status == JobStatus.FAILED, 20, what="cancelled")
     assert (job_row(result).attempts, error_paths(result)) == (1, [CANCELLED])
-    assert f"job {result.id} cancelled: interrupting its thread" in proc.output()
+    said = f"job {result.id} cancelled: interrupting its thread" in proc.output()
+    assert said == interrupted, proc.output()
     proc.send(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
 

@@ -68,6 +68,22 @@ def both_at_the_delete_of(monkeypatch, model, delete=None):
     monkeypatch.setattr(claims, "delete_executions", meet_then_delete)
 
 
+def run_both(targets: dict, succeeded) -> dict[str, Exception]:
+    """Run each target in a thread of its own; the database errors they raised, by name.
+
+    A target that ends without an error must have done what ``succeeded`` says."""
+    runners = {name: Runner(target) for name, target in targets.items()}
+    for runner in runners.values():
+        runner.start()
+    errors: dict[str, Exception] = {}
+    for name, runner in runners.items():
+        try:
+            assert succeeded(name, runner.finish())
+        except OperationalError as exc:
+            errors[str(name)] = exc
+    return errors
+
+
 def two_workers_finishing_interleaved_jobs(monkeypatch, delete=None) -> dict[str, Exception]:
     """Each of KEYS keys has a running holder and a blocked follower; the holders'
     claims alternate between two workers, so their ids interleave."""
@@ -83,19 +99,13 @@ def two_workers_finishing_interleaved_jobs(monkeypatch, delete=None) -> dict[str
         assert start_jobs(DB, [job], worker.pk, worker.name)
         held[worker.pk][job.pk] = None
     both_at_the_delete_of(monkeypatch, ClaimedExecution, delete)
-    runners = {
-        worker.pk: Runner(lambda worker=worker: finish_jobs(DB, worker.pk, held[worker.pk]))
-        for worker in workers
-    }
-    for runner in runners.values():
-        runner.start()
-    errors: dict[str, Exception] = {}
-    for worker_id, runner in runners.items():
-        try:
-            assert runner.finish() == set(held[worker_id])
-        except OperationalError as exc:
-            errors[str(worker_id)] = exc
-    return errors
+    return run_both(
+        {
+            worker.pk: lambda worker=worker: finish_jobs(DB, worker.pk, held[worker.pk])
+            for worker in workers
+        },
+        lambda worker_id, done: done == set(held[worker_id]),
+    )
 
 
 def test_two_finish_batches_of_interleaved_claims_do_not_deadlock(monkeypatch):
@@ -126,19 +136,13 @@ def two_claimers_at_the_tail_of_the_queue(monkeypatch, delete=None) -> dict[str,
     # nothing and changes nothing else.
     caps = {"unused": 1}
     default = QueueSelector(("default",))
-    runners = {
-        worker.pk: Runner(lambda worker=worker: claim_jobs(DB, worker.pk, default, KEYS // 2, caps))
-        for worker in workers
-    }
-    for runner in runners.values():
-        runner.start()
-    errors: dict[str, Exception] = {}
-    for worker_id, runner in runners.items():
-        try:
-            assert len(runner.finish()) == KEYS // 2
-        except OperationalError as exc:
-            errors[str(worker_id)] = exc
-    return errors
+    return run_both(
+        {
+            worker.pk: lambda worker=worker: claim_jobs(DB, worker.pk, default, KEYS // 2, caps)
+            for worker in workers
+        },
+        lambda worker_id, claimed: len(claimed) == KEYS // 2,
+    )
 
 
 def test_two_claimers_deleting_their_ready_rows_do_not_deadlock(monkeypatch):
