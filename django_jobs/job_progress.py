@@ -45,7 +45,8 @@ logger = logging.getLogger("django_jobs.progress")
 
 # Seconds between two writes of one job's progress.
 PROGRESS_INTERVAL = 1.0
-# The writer thread closes its database connections after this many idle seconds.
+# The writer thread closes its database connection after this many idle seconds, or as
+# soon as the last job that reported progress has ended (flush_progress).
 IDLE_CLOSE_AFTER = 5.0
 MESSAGE_MAX_LENGTH = 255
 
@@ -257,6 +258,11 @@ class ProgressWriter:
             # Forgotten once written; a value that could not be written stays for the thread.
             if written and entry.pending is None and self.entries.get(job_id) is entry:
                 del self.entries[job_id]
+            if not self.entries:
+                # No job of this process has anything left to write: the thread closes its
+                # connection now rather than when idle for IDLE_CLOSE_AFTER.
+                self.close_requested = True
+                self.changed.notify()
 
     def write(self, entry: Entry, *, in_job_thread: bool = False) -> bool:
         """Write ``entry``'s pending value, if any; False if the database refused it."""

@@ -35,6 +35,8 @@ def writer_closed_after_each_test():
     """The writer thread's connection is closed before the test database is flushed or
     dropped (PostgreSQL refuses to drop a database someone is connected to)."""
     yield
+    with WRITER.changed:
+        WRITER.changed.notify()  # a test's interval is undone: the writer re-reads it
     assert WRITER.close_when_idle(10), "the progress writer still had values to write"
 
 
@@ -223,6 +225,19 @@ def test_a_value_the_database_refused_is_written_later(in_job, monkeypatch):
     flush_progress(job_id)  # refused: left to the writer, never raised into the job
     wait_until(lambda: stored(job_id) == (3, 4, "almost"), 5, what="the retried write")
     assert failures == [3, 3]  # refused in the job's thread, then once by the writer
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_writer_closes_its_connection_once_the_last_reporting_job_has_ended(in_job):
+    """Its connection would otherwise outlive the jobs (a test database could not be
+    dropped after ``run_jobs --once`` in a test, say)."""
+    wait_until(lambda: not WRITER.entries, 5, what="the earlier tests' jobs forgotten")
+    job_id = in_job(JobFactory(status=JobStatus.RUNNING))
+    django_jobs.set_progress(1)
+    wait_until(lambda: stored(job_id) == (1, None, ""), 5, what="the writer's write")
+    assert WRITER.databases == {"default"}  # the writer thread's own connection
+    flush_progress(job_id)  # the body ended; no other job of this process reports
+    wait_until(lambda: not WRITER.databases, 2, what="the writer to close its connection")
 
 
 @pytest.mark.django_db(transaction=True)
