@@ -436,3 +436,33 @@ def test_cancel_selected_waiting_jobs_from_the_list(page):
         assert error_paths(job_id) == ["django_jobs.exceptions.JobCancelled"]
     rows = page.locator("#result_list tbody tr")
     assert rows.filter(has_text=f"#{blocked} ").locator(".jobs-state").inner_text() == "failed"
+
+
+def test_the_job_list_shows_a_running_jobs_progress_whole_in_its_narrow_state_cell(page):
+    worker = register_process("default", "worker")
+    tasks.echo.enqueue("x")
+    (job,) = claim_jobs("default", worker.pk, QueueSelector(("*",)), 1)
+    assert start_job("default", job, worker.pk, worker.name)
+    Job.objects.filter(pk=job.pk).update(
+        progress_done=1234, progress_total=2000, progress_at=timezone.now()
+    )
+    FinishedJobFactory.create_batch(3)
+    log_in(page, "ops", path="/admin/django_jobs/job/")  # 1280 px wide, with the nav sidebar
+    cell = (
+        page.locator("#result_list tbody tr")
+        .filter(has_text=f"#{job.pk} ")
+        .locator("td.field-state")
+    )
+    progress = cell.locator(".jobs-progress")
+    assert progress.inner_text().strip() == "61%"
+    assert progress.locator("progress").get_attribute("value") == "61"
+    # Whole: neither the cell nor the list is cut or scrolled.
+    assert cell.evaluate("el => el.scrollWidth <= el.clientWidth")
+    shown = progress.evaluate(
+        "el => { const r = el.getBoundingClientRect(), c = el.closest('td')"
+        ".getBoundingClientRect(); return r.right <= c.right + 0.5 && r.width > 0; }"
+    )
+    assert shown
+    results = page.locator("#changelist .results")
+    widths = results.evaluate("el => [el.scrollWidth, el.clientWidth]")
+    assert widths[0] <= widths[1]
