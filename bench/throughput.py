@@ -1224,7 +1224,7 @@ def phase_keyed(run: Run) -> None:
     if run.plain_drain is not None:
         ratio = keyed.rate / run.plain_drain.rate
         label = "ours: keyed drain / unlimited drain"
-        run.report.checks.append(Check("keyed_over_plain", label, ratio, ">= 0.5"))
+        run.report.checks.append(Check("keyed_over_plain", label, ratio, ">= 0.6"))
 
 
 def phase_latency(run: Run) -> None:
