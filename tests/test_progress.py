@@ -25,7 +25,7 @@ from django_jobs.job_progress import WRITER, flush_progress
 from django_jobs.models import ClaimedExecution, Job, JobStatus, Semaphore
 from tests import progress_tasks
 from tests.factories import JobFactory, ProcessFactory
-from tests.harness import REPO_ROOT, job_row, wait_until
+from tests.harness import job_row, wait_until
 
 PROGRESS_COLUMNS = {"progress_done", "progress_total", "progress_message", "progress_at"}
 
@@ -291,12 +291,6 @@ def test_a_write_neither_waits_for_nor_takes_the_locks_of_claims_and_finishes(in
 # --- real workers -----------------------------------------------------------------------
 
 
-def executor_flushes_progress() -> bool:
-    """Whether the executor calls ``flush_progress`` when a job's body ends."""
-    source = (REPO_ROOT / "django_jobs" / "runner" / "executor.py").read_text()
-    return "flush_progress(" in source
-
-
 @pytest.mark.workers
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_writes_what_sync_and_async_tasks_report(run_jobs, tmp_path):
@@ -331,11 +325,6 @@ def test_a_worker_writes_what_sync_and_async_tasks_report(run_jobs, tmp_path):
 
 @pytest.mark.workers
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(
-    not executor_flushes_progress(),
-    strict=True,
-    reason="needs the executor's one-line hook: flush_progress(job.pk) once the body ends",
-)
 def test_the_last_report_is_on_the_row_by_the_time_the_job_reads_as_finished(run_jobs, tmp_path):
     gate = tmp_path / "go"
     result = progress_tasks.reports_steps.enqueue(str(gate))

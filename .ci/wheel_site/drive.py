@@ -23,6 +23,7 @@ from pathlib import Path
 ACTIONS = {
     "django_jobs_job_retry",
     "django_jobs_job_discard",
+    "django_jobs_job_cancel",
     "django_jobs_dashboard_pause",
     "django_jobs_dashboard_resume",
     "django_jobs_blockedkey_reconcile",

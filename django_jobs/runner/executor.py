@@ -14,6 +14,7 @@ from django.tasks.signals import task_finished, task_started
 from ..batches import current_job_id
 from ..claims import ErrorInfo, fail_job, release_job, snooze_job, start_jobs
 from ..exceptions import JobInterrupted, Snooze, TaskNotFound
+from ..job_progress import flush_progress
 from ..loading import load_task
 from ..models import Job, JobStatus
 from ..results import build_result
@@ -187,6 +188,7 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
             if control is not None:
                 ctx.watchdog.forget(control)
             current_control.reset(token)
+            flush_progress(job.pk)  # its last set_progress() value, before the outcome
         if control is not None and control.cancelled:
             # It saw cancel_requested() and returned: cancelled all the same.
             raise control.exception()
