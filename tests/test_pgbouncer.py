@@ -33,7 +33,6 @@ from datetime import timedelta
 from importlib.util import find_spec
 from typing import Any
 
-import psycopg
 import pytest
 from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
@@ -69,6 +68,9 @@ from tests.harness import job_row, wait_until
 from tests.pgbouncer import PgBouncer, Upstream, binary, local_port, tcp_connections
 from tests.stress_tasks import audited
 from tests.test_stress import max_overlap
+
+# PostgreSQL's driver: installed in the PostgreSQL environments only, where these run.
+psycopg = pytest.importorskip("psycopg", reason="PgBouncer fronts PostgreSQL: no psycopg here")
 
 pytestmark = [
     pytest.mark.skipif(
