@@ -6,9 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from django.tasks import task
-
-from django_jobs import cancel_requested, set_progress
+from django_jobs import cancel_requested, set_progress, task
 
 
 def wait_for(gate: str, timeout: float = 60.0) -> None:
