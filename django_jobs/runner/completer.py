@@ -7,10 +7,10 @@ commits. Here the threads hand their successes to one completer thread and go
 back to work; it writes whatever has piled up while its previous transaction
 ran, so batches grow with the load and an idle worker adds no delay.
 
-The worker counts a success as taking its thread until it is written (see
-``Worker.idle_threads``), so the completer never holds more than one batch of
-at most ``threads`` successes: that is the most a SIGKILL can turn from done
-into a failed attempt (DESIGN.md invariant 8, docs/running.md).
+The worker counts unwritten successes against its claims (see
+``Worker.idle_threads``): running jobs and unwritten successes together never
+pass ``2 x threads``, the most a SIGKILL can turn from done into a failed
+attempt (DESIGN.md invariant 8, docs/running.md).
 
 Exactly-once holds because :func:`~django_jobs.claims.finish_jobs` finalises
 only the claims this process still holds, under their locks. A crash before
