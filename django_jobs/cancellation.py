@@ -12,25 +12,15 @@ and the next blocked job promoted, its batch counted. It ends ``FAILED`` with a
 
 from __future__ import annotations
 
-from django.db import transaction
+from datetime import datetime
+
 from django.db.models import F
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from .admission import reconcile_key
-from .batches import count_outcome
-from .deletion import delete_executions
+from .discard import end_waiting_job
 from .exceptions import JobAlreadyFinished, JobNotFound
-from .models import (
-    FINISHED_STATUSES,
-    BlockedExecution,
-    FailedExecution,
-    Job,
-    JobStatus,
-    ReadyExecution,
-    ScheduledExecution,
-    Semaphore,
-)
+from .models import FINISHED_STATUSES, FailedExecution, Job, JobStatus
 
 CANCELLED_ERROR = "django_jobs.exceptions.JobCancelled"
 CANCELLED, REQUESTED = "cancelled", "requested"
@@ -43,51 +33,38 @@ def cancel_job(db: str, job_id: int) -> str:
     Raises :class:`JobNotFound` for an unknown id and :class:`JobAlreadyFinished`
     for a job that has ended (nothing is changed either way).
     """
-    now = timezone.now()
     requested = (
         Job.objects.using(db)
         .filter(pk=job_id)
         .exclude(status__in=FINISHED_STATUSES)
-        .update(cancel_requested_at=Coalesce(F("cancel_requested_at"), now))
+        .update(cancel_requested_at=Coalesce(F("cancel_requested_at"), timezone.now()))
     )
     if not requested:
         status = Job.objects.using(db).filter(pk=job_id).values_list("status", flat=True).first()
         if status is None:
             raise JobNotFound(f"no job with id {job_id}")
         raise JobAlreadyFinished(f"job {job_id} has already ended ({status}): nothing to cancel")
-    return CANCELLED if end_waiting_job(db, job_id, now) else REQUESTED
+    ended = end_waiting_job(
+        db,
+        job_id,
+        JobStatus.FAILED,
+        lambda attempts, when: cancel_waiting(db, job_id, attempts, when),
+    )
+    return CANCELLED if ended else REQUESTED
 
 
-def end_waiting_job(db: str, job_id: int, now) -> bool:
-    """End a waiting job as cancelled; False if it is not waiting (claimed, running)."""
-    with transaction.atomic(using=db):
-        key, batch_id, attempts = (
-            Job.objects.using(db)
-            .filter(pk=job_id)
-            .values_list("concurrency_key", "batch_id", "attempts")
-            .get()
-        )
-        if key:  # lock order: the key's semaphore, then its rows (DESIGN.md section 4)
-            list(Semaphore.objects.using(db).select_for_update().filter(key=key).values("pk"))
-        deleted = sum(
-            delete_executions(db, table, [job_id])
-            for table in (ReadyExecution, ScheduledExecution, BlockedExecution)
-        )
-        if not deleted:
-            return False
-        message = "cancelled before it ran" if attempts == 0 else "cancelled while waiting"
-        FailedExecution.objects.using(db).create(
-            job_id=job_id,
-            attempt=attempts,
-            exception_class_path=CANCELLED_ERROR,
-            message=message,
-            traceback="",
-            failed_at=now,
-        )
-        Job.objects.using(db).filter(pk=job_id).update(
-            status=JobStatus.FAILED, finished_at=now, unique_lock=None
-        )
-        if key:
-            reconcile_key(db, key)
-        count_outcome(db, batch_id, succeeded=False)
-    return True
+def record_cancelled(db: str, job_id: int, attempts: int, now: datetime, message: str) -> None:
+    """The error row of a job cancelled before it ran (or while it waited again)."""
+    FailedExecution.objects.using(db).create(
+        job_id=job_id,
+        attempt=attempts,
+        exception_class_path=CANCELLED_ERROR,
+        message=message,
+        traceback="",
+        failed_at=now,
+    )
+
+
+def cancel_waiting(db: str, job_id: int, attempts: int, now: datetime) -> None:
+    message = "cancelled before it ran" if attempts == 0 else "cancelled while waiting"
+    record_cancelled(db, job_id, attempts, now, message)

@@ -25,6 +25,7 @@ from . import pg_claims
 from .admission import admit_jobs, hand_back_to_key, make_ready, release_slot, release_slots
 from .backoff import retry_delay
 from .batches import count_outcome, count_outcomes
+from .cancellation import record_cancelled
 from .deletion import delete_executions
 from .models import (
     ClaimedExecution,
@@ -463,14 +464,7 @@ def release_claimed(db: str, claim: ClaimedExecution) -> None:
 def end_cancelled(db: str, job: Job, key: str | None) -> None:
     """A cancelled job whose claim was just deleted, never started: FAILED, JobCancelled."""
     now = timezone.now()
-    FailedExecution.objects.using(db).create(
-        job_id=job.pk,
-        attempt=job.attempts,
-        exception_class_path="django_jobs.exceptions.JobCancelled",
-        message="cancelled before it started",
-        traceback="",
-        failed_at=now,
-    )
+    record_cancelled(db, job.pk, job.attempts, now, "cancelled before it started")
     Job.objects.using(db).filter(pk=job.pk).update(
         status=JobStatus.FAILED, finished_at=now, unique_lock=None
     )

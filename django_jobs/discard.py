@@ -2,41 +2,59 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
 
 from .admission import reconcile_key
 from .batches import count_outcome
+from .deletion import delete_executions
 from .models import BlockedExecution, Job, JobStatus, ReadyExecution, ScheduledExecution, Semaphore
 
 
 def discard_job(db: str, job_id: int) -> bool:
-    """Discard one waiting job; False if it is running, finished or already gone.
+    """Discard one waiting job; False if it is running, finished or already gone."""
+    return end_waiting_job(db, job_id, JobStatus.DISCARDED)
+
+
+def end_waiting_job(
+    db: str,
+    job_id: int,
+    status: JobStatus,
+    record: Callable[[int, datetime], None] | None = None,
+) -> bool:
+    """End one waiting job (ready, scheduled, blocked) as ``status``; False if it is not
+    waiting (claimed, running, finished or gone). Serves discard and cancel.
 
     A ready job of a key holds a slot: the key's semaphore is locked first
     (lock order: semaphore, then its ready/blocked rows), the slot recounted
     and the next blocked job promoted in the same transaction. A claimer that
-    took the ready row first wins: the delete then finds nothing.
+    took the ready row first wins: the delete then finds nothing. ``record``
+    writes what else the end needs (a cancel's error row), given the job's
+    attempts and the time, before the job's row is updated.
     """
     with transaction.atomic(using=db):
-        row = (
+        key, batch_id, attempts = (
             Job.objects.using(db)
             .filter(pk=job_id)
-            .values_list("concurrency_key", "batch_id")
+            .values_list("concurrency_key", "batch_id", "attempts")
             .first()
-        )
-        key, batch_id = row or (None, None)
+        ) or (None, None, 0)
         if key:
             list(Semaphore.objects.using(db).select_for_update().filter(key=key).values("pk"))
-        deleted = 0
-        for table in (ReadyExecution, ScheduledExecution, BlockedExecution):
-            deleted += table.objects.using(db).filter(job_id=job_id).delete()[0]
+        deleted = sum(
+            delete_executions(db, table, [job_id])
+            for table in (ReadyExecution, ScheduledExecution, BlockedExecution)
+        )
         if not deleted:
             return False
+        now = timezone.now()
+        if record is not None:
+            record(attempts, now)
         Job.objects.using(db).filter(pk=job_id).update(
-            status=JobStatus.DISCARDED, finished_at=timezone.now(), unique_lock=None
+            status=status, finished_at=now, unique_lock=None
         )
         if key:
             reconcile_key(db, key)
