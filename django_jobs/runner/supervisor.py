@@ -164,33 +164,28 @@ class Supervisor:
         # or the exit code reads None.
         child.process.join(5)
         pid, code = child.process.pid, child.process.exitcode
+        what = f"{child.kind} process {pid}"
         if code == RECYCLE_EXIT_CODE:
-            # It stopped by itself with nothing left behind: a replacement, at once.
-            logger.info("%s process %s recycled; starting a fresh one", child.kind, pid)
-            self.recover_child(pid, f"{child.kind} process {pid} recycled")
-            child.restarts += 1
-            self.start(child)
-            return
-        if code == ABANDONED_EXIT_CODE:
+            # It stopped by itself with nothing left behind.
+            logger.info("%s recycled; starting a fresh one", what)
+            reason = f"{what} recycled"
+        elif code == ABANDONED_EXIT_CODE:
             logger.warning(
-                "%s process %s exited, leaving a job it could not interrupt; recovering it "
-                "and starting a fresh process",
-                child.kind,
-                pid,
+                "%s exited, leaving a job it could not interrupt; recovering it and "
+                "starting a fresh process",
+                what,
             )
-            self.recover_child(
-                pid,
-                f"{child.kind} process {pid} exited: the job ran past its timeout or cancel "
-                "and could not be interrupted",
+            reason = (
+                f"{what} exited: the job ran past its timeout or cancel and could not be "
+                "interrupted"
             )
-            child.restarts += 1
-            self.start(child)
-            return
-        logger.error(
-            "%s process %s exited unexpectedly (code %s); replacing it", child.kind, pid, code
-        )
-        self.recover_child(pid, f"{child.kind} process {pid} exited with code {code}")
-        if time.monotonic() - child.started_at < RESTART_DELAY * 5:
+        else:
+            logger.error("%s exited unexpectedly (code %s); replacing it", what, code)
+            reason = f"{what} exited with code {code}"
+        self.recover_child(pid, reason)
+        planned = code in (RECYCLE_EXIT_CODE, ABANDONED_EXIT_CODE)
+        # A planned exit is replaced at once; a crash soon after starting waits a little.
+        if not planned and time.monotonic() - child.started_at < RESTART_DELAY * 5:
             self.lifecycle.stopping.wait(RESTART_DELAY)
         if not self.lifecycle.stopping.is_set():
             child.restarts += 1
