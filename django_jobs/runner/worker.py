@@ -200,6 +200,12 @@ class Worker:
             self.recycle.count(len(jobs))
         lost = {job.pk for job in startable} - started
         for job in jobs:
+            if job.pk in lost and job.status == JobStatus.SCHEDULED:
+                # Over its rate limit: the start sent it back to wait for its window.
+                logger.debug("job %s: rate-limited until %s", job.pk, job.rate_reserved_at)
+                with self.lock:
+                    self.running.pop(job.pk, None)
+                continue
             if job.pk in lost:
                 logger.warning(
                     "job %s: claim lost before start (process pruned?); not running it", job.pk
