@@ -169,10 +169,11 @@ class JobsBackend(BaseTaskBackend):
         # Every call is bound, keyed or not: one the function would refuse fails
         # here, naming the argument, not in a worker later.
         arguments = bound_arguments(task, json_args, json_kwargs)
-        key = unique = None
+        key = unique = rate = None
         if isinstance(task, JobTask):
             key = task.resolve_concurrency_key(json_args, json_kwargs, arguments)
             unique = task.resolve_unique_key(json_args, json_kwargs, arguments)
+            rate = task.resolve_rate(json_args, json_kwargs, arguments)
         limit = options["concurrency_limit"]
         lease = task.lease_seconds if key else None
         if batch is not None:
@@ -207,6 +208,9 @@ class JobsBackend(BaseTaskBackend):
             concurrency_limit=limit if key else None,
             concurrency_duration=lease,
             on_conflict=options["on_conflict"],
+            rate_key=rate[0] if rate else None,
+            rate_limit=rate[1].limit if rate else None,
+            rate_period=rate[1].period if rate else None,
             unique_key=unique,
             unique_lock=unique,
             unique_until=options["unique_until"] if unique else None,

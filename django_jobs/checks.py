@@ -16,6 +16,7 @@ from .exceptions import InvalidTaskArguments, TaskNotFound
 from .job_task import bound_arguments
 from .loading import load_task
 from .queues import QueueSelector
+from .rates import named_rates
 from .recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_zone
 from .schedules import ScheduleError, parse_schedule, parse_time_zone
 from .serialization import json_arguments
@@ -57,6 +58,7 @@ def settings_checks() -> list[Any]:
         conf = JobsSettings.from_dict({k: v for k, v in raw.items() if k != "queues"})
     errors.extend(number_checks(conf))
     errors.extend(listen_notify_checks(conf))
+    errors.extend(rate_limit_checks(conf))
     errors.extend(queue_checks(conf))
     errors.extend(recurring_checks(conf))
     return errors
@@ -228,6 +230,26 @@ def listen_notify_checks(conf: JobsSettings) -> list[Any]:
             id="django_jobs.E021",
         )
     ]
+
+
+def rate_limit_checks(conf: JobsSettings) -> list[Any]:
+    """Every named rate, each error naming its entry (``"stripe": "100/parsec"``)."""
+    raw = conf.rate_limits
+    where = "DJANGO_JOBS['rate_limits']"
+    if not isinstance(raw, Mapping):
+        return [
+            Error(
+                f"{where} must be a dict of name -> rate, e.g. {{'stripe': '100/s'}}.",
+                id="django_jobs.E022",
+            )
+        ]
+    errors = []
+    for name, rate in raw.items():
+        try:
+            named_rates({name: rate})
+        except ValueError as exc:
+            errors.append(Error(f"{where}: {exc}.", id="django_jobs.E022"))
+    return errors
 
 
 def owns_settings_checks(backend: JobsBackend) -> bool:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import connections, transaction
 from django.db.models import Count, F, QuerySet
@@ -39,6 +39,8 @@ from .models import (
     UniqueUntil,
 )
 from .queues import QueueSelector
+from .rate_limits import ensure_rate_rows, lock_rate_limits, save_windows
+from .rates import Rate
 
 
 @dataclass(frozen=True)
@@ -212,28 +214,54 @@ def start_jobs(db: str, jobs: list[Job], process_id: int, worker_id: str) -> lis
     claimed and handed back, blocked or recovered before this point has cost
     nothing (pg-boss #759). A job whose claim this process no longer holds is
     left alone and left out of the result.
+
+    A job of a rate-limited key over its limit is not started either: it is sent
+    back to wait for its window (status ``SCHEDULED``, ``rate_reserved_at`` set on
+    the caller's copy too), costing no attempt (django_jobs/rate_limits.py).
     """
     if not jobs:
         return []
     now = timezone.now()
-    start_held = pg_claims.start_held if connections[db].vendor == "postgresql" else start_locked
+    if any(job.rate_key for job in jobs):
+        ensure_rate_rows(db, {job.rate_key for job in jobs if job.rate_key})
+        start_held = start_locked
+    elif connections[db].vendor == "postgresql":
+        start_held = pg_claims.start_held
+    else:
+        start_held = start_locked
     written = start_held(db, [job.pk for job in jobs], process_id, worker_id, now)
     started = []
     for job in jobs:
-        if job.pk in written:
-            job.attempts, job.worker_ids, job.started_at = written[job.pk]
-            job.status = JobStatus.RUNNING
-            job.last_attempted_at = now
-            started.append(job)
+        row = written.get(job.pk)
+        if row is None:
+            continue
+        if isinstance(row, Waiting):
+            job.status, job.rate_reserved_at = JobStatus.SCHEDULED, row.until
+            continue
+        job.attempts, job.worker_ids, job.started_at, job.last_attempted_at = row
+        job.status = JobStatus.RUNNING
+        job.rate_reserved_at = None
+        started.append(job)
     return started
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A job the start sent back to wait for its rate window, until ``until``."""
+
+    until: datetime
 
 
 def start_locked(
     db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
-) -> dict[int, tuple]:
+) -> dict[int, tuple | Waiting]:
     """The ORM's :func:`start_jobs`: lock this process's claims, then update their jobs.
 
-    Returns ``{job id: (attempts, worker_ids, started_at)}`` as written.
+    Returns ``{job id: (attempts, worker_ids, started_at, last_attempted_at)}`` as
+    written, or ``Waiting`` for a job over its rate limit. Rate-limited keys are
+    locked after the claims (DESIGN.md section 4's order, extended in
+    django_jobs/rate_limits.py), and a job sent back frees its concurrency slot
+    after that.
     """
     with transaction.atomic(using=db):
         held = list(
@@ -247,33 +275,136 @@ def start_locked(
             return {}
         # Read under the claims' locks, not taken from the callers' copies, which
         # may be older than an earlier attempt.
-        rows = Job.objects.using(db).filter(pk__in=held)
-        written = {}
+        rows = list(
+            Job.objects.using(db)
+            .filter(pk__in=held)
+            .order_by("-priority", "pk")
+            .values_list(
+                "pk",
+                "attempts",
+                "worker_ids",
+                "started_at",
+                "unique_until",
+                "rate_key",
+                "rate_limit",
+                "rate_period",
+                "rate_reserved_at",
+            )
+        )
+        waiting = decide_rates(db, rows, now)
+        written: dict[int, tuple | Waiting] = dict(waiting)
         # Jobs whose new column values coincide share one UPDATE (usually all of them).
-        groups: dict[tuple[int, str, bool, bool], list[int]] = defaultdict(list)
-        for pk, attempts, worker_ids, started_at, unique_until in rows.values_list(
-            "pk", "attempts", "worker_ids", "started_at", "unique_until"
-        ):
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for pk, attempts, worker_ids, started_at, unique_until, rate_key, *_ in rows:
+            if pk in waiting:
+                continue
+            stamp = now if rate_key is None else waiting.starts[pk]
             worker_ids = [*(worker_ids or []), worker_id]
-            written[pk] = (attempts + 1, worker_ids, started_at or now)
+            written[pk] = (attempts + 1, worker_ids, started_at or stamp, stamp)
             shape = (
                 attempts + 1,
                 json.dumps(worker_ids),
                 started_at is None,
                 unique_until == UniqueUntil.START,
+                stamp,
+                rate_key is not None,
             )
             groups[shape].append(pk)
-        for (attempts, worker_ids, first_start, releases_key), pks in groups.items():
+        for (attempts, worker_ids, first_start, releases_key, stamp, rated), pks in groups.items():
             # A job unique only while waiting lets go of its key as it starts.
             Job.objects.using(db).filter(pk__in=pks).update(
                 status=JobStatus.RUNNING,
                 attempts=attempts,
                 worker_ids=json.loads(worker_ids),
-                last_attempted_at=now,
-                **({"started_at": now} if first_start else {}),
+                last_attempted_at=stamp,
+                **({"started_at": stamp} if first_start else {}),
                 **({"unique_lock": None} if releases_key else {}),
+                **({"rate_reserved_at": None} if rated else {}),
             )
     return written
+
+
+class RateDecisions(dict):
+    """``{job id: Waiting}`` for the jobs sent back; ``starts``: the admitted ones' times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.starts: dict[int, datetime] = {}
+
+
+def decide_rates(db: str, rows: list[tuple], now: datetime) -> RateDecisions:
+    """Admit or send back each rate-limited job of ``rows`` (in claim order), under
+    its key's lock; the ones sent back wait as scheduled jobs, their slots freed."""
+    decisions = RateDecisions()
+    rated = [row for row in rows if row[5] is not None]
+    if not rated:
+        return decisions
+    windows = lock_rate_limits(db, {row[5] for row in rated})
+    clock = now.timestamp()
+    for pk, *_, rate_key, limit, period, reserved_at in rated:
+        window = windows.get(rate_key)
+        if window is None:
+            # Its row was pruned after ensure_rate_rows: no start to count it
+            # against, so the job waits a moment and the next start recreates it.
+            decisions[pk] = Waiting(now + timedelta(seconds=1))
+            continue
+        reserved = None if reserved_at is None else reserved_at.timestamp()
+        decision = window.decide(clock, Rate(limit, period), reserved)
+        at = datetime.fromtimestamp(decision.at, tz=UTC)
+        if decision.admitted:
+            decisions.starts[pk] = at
+        else:
+            decisions[pk] = Waiting(at)
+    save_windows(db, windows.values(), now)
+    if decisions:
+        wait_for_rate(db, {pk: waiting.until for pk, waiting in decisions.items()})
+    return decisions
+
+
+def wait_for_rate(db: str, until: dict[int, datetime]) -> None:
+    """Claimed jobs over their rate limit: scheduled for their planned time, slots freed.
+
+    Never started, so like a hand-back they cost no attempt; unlike one, they
+    wait in ``ScheduledExecution`` (promoted when due, through admission). One
+    cancelled meanwhile ends here instead, as a hand-back would end it.
+    """
+    claims = list(ClaimedExecution.objects.using(db).filter(job_id__in=list(until)))
+    delete_executions(db, ClaimedExecution, list(until))
+    jobs = list(Job.objects.using(db).filter(pk__in=list(until)))
+    cancelled = [job for job in jobs if job.cancel_requested_at is not None]
+    waiting = [job for job in jobs if job.cancel_requested_at is None]
+    ScheduledExecution.objects.using(db).bulk_create(
+        [
+            ScheduledExecution(
+                job_id=job.pk,
+                queue_name=job.queue_name,
+                priority=job.priority,
+                scheduled_at=until[job.pk],
+            )
+            for job in waiting
+        ]
+    )
+    for job in waiting:
+        job.status, job.rate_reserved_at = JobStatus.SCHEDULED, until[job.pk]
+    if waiting:
+        Job.objects.using(db).bulk_update(waiting, ["status", "rate_reserved_at"])
+    now = timezone.now()
+    for job in cancelled:
+        record_cancelled(db, job.pk, job.attempts, now, "cancelled before it started")
+        Job.objects.using(db).filter(pk=job.pk).update(
+            status=JobStatus.FAILED, finished_at=now, unique_lock=None
+        )
+    release_slots(db, {claim.concurrency_key for claim in claims if claim.concurrency_key})
+    count_outcomes(db, count_failures(job.batch_id for job in cancelled))
+
+
+def count_failures(batch_ids: Iterable[int | None]) -> dict[int, tuple[int, int]]:
+    """``count_outcomes``'s argument for failed jobs of these batches (None: no batch)."""
+    failed: dict[int, int] = defaultdict(int)
+    for batch_id in batch_ids:
+        if batch_id is not None:
+            failed[batch_id] += 1
+    return {batch_id: (0, n) for batch_id, n in failed.items()}
 
 
 def finish_job(db: str, job_id: int, process_id: int, return_value: object) -> bool:

@@ -44,6 +44,9 @@ class JobsSettings:
     # connection when the jobs database goes through PgBouncer in transaction mode).
     listen_notify: bool | str = True
     max_concurrency: dict[str, int] = field(default_factory=dict)
+    # name -> rate ("100/s"): limits tasks share by naming them (``@task(rate_limit="stripe")``);
+    # see docs/control.md.
+    rate_limits: dict[str, str] = field(default_factory=dict)
     # Worker processes of the supervisor are replaced after running this many jobs, or
     # once their resident memory passes this many MB (None: never); see docs/running.md.
     max_jobs_per_child: int | None = None

@@ -22,6 +22,7 @@ from django.tasks.exceptions import InvalidTask
 from .backoff import BackoffSpec, validate_backoff
 from .conf import did_you_mean
 from .exceptions import InvalidTaskArguments
+from .rates import Rate, is_rate, parse_rate, resolve_rate
 
 ConcurrencyKey = str | Callable[..., str] | None
 
@@ -36,6 +37,8 @@ JOB_OPTION_NAMES = (
     "unique_key",
     "unique_until",
     "timeout",
+    "rate_limit",
+    "rate_key",
 )
 ON_CONFLICT_CHOICES = ("block", "discard")
 UNIQUE_UNTIL_CHOICES = ("start", "finish")
@@ -55,6 +58,9 @@ class JobTask(Task):
       (docs/unique.md).
     - ``timeout``: seconds an attempt may run before it is interrupted and recorded
       as ``JobTimeout`` (docs/control.md).
+    - ``rate_limit``, ``rate_key``: at most N starts per period of one key, a rate
+      (``"10/m"``) or the name of one in ``DJANGO_JOBS["rate_limits"]``
+      (docs/control.md).
 
     Every option is checked when the task is declared or ``using()`` is called.
     """
@@ -69,6 +75,8 @@ class JobTask(Task):
     unique_key: ConcurrencyKey = None
     unique_until: str = "finish"
     timeout: float | timedelta | None = None
+    rate_limit: str | None = None
+    rate_key: ConcurrencyKey = None
 
     def __post_init__(self) -> None:
         validate_job_options(self)
@@ -114,6 +122,28 @@ class JobTask(Task):
     ) -> str | None:
         """The unique key of one call, ``task path/key``: unique per task, like a limit's group."""
         return self.resolve_key("unique_key", self.module_path, args, kwargs, arguments)
+
+    def resolve_rate(
+        self,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        arguments: Mapping[str, Any] | None = None,
+    ) -> tuple[str, Rate] | None:
+        """The rate key and rate of one call, or None without a ``rate_limit``.
+
+        A named limit (settings) is shared by every task naming it: its key is
+        the name, ``name/key`` with a ``rate_key``. An inline rate is the task's
+        own, like a concurrency limit: ``task path`` or ``task path/key``.
+        """
+        if self.rate_limit is None:
+            return None
+        try:
+            name, rate = resolve_rate(self.rate_limit, self.module_path)
+        except ValueError as exc:
+            raise InvalidTask(str(exc)) from None
+        prefix = name or self.module_path
+        key = self.resolve_key("rate_key", prefix, args, kwargs, arguments)
+        return (key or prefix), rate
 
     def resolve_key(
         self,
@@ -246,6 +276,7 @@ def validate_job_options(task: JobTask) -> None:
         if not isinstance(unique, str) or not unique:
             raise InvalidTask("unique_key must be a non-empty format string or a callable")
         validate_key_template(task, unique, "unique_key")
+    validate_rate_options(task)
     key = task.concurrency_key
     if key is None and (group is not None or duration is not None):
         raise InvalidTask("concurrency_group and concurrency_duration need a concurrency_key")
@@ -253,6 +284,33 @@ def validate_job_options(task: JobTask) -> None:
         if not isinstance(key, str) or not key:
             raise InvalidTask("concurrency_key must be a non-empty format string or a callable")
         validate_key_template(task, key)
+
+
+def validate_rate_options(task: JobTask) -> None:
+    """A malformed rate fails at declaration; so does an unknown name, once settings load."""
+    from django.conf import settings
+
+    spec, key = task.rate_limit, task.rate_key
+    if spec is None:
+        if key is not None:
+            raise InvalidTask("rate_key needs a rate_limit")
+        return
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidTask("rate_limit must be a rate like '10/m' or the name of one in settings")
+    if is_rate(spec):
+        try:
+            parse_rate(spec)
+        except ValueError as exc:
+            raise InvalidTask(f"rate_limit {exc}") from None
+    elif settings.configured:
+        try:
+            resolve_rate(spec, task.module_path)
+        except ValueError as exc:
+            raise InvalidTask(str(exc)) from None
+    if key is not None and not callable(key):
+        if not isinstance(key, str) or not key:
+            raise InvalidTask("rate_key must be a non-empty format string or a callable")
+        validate_key_template(task, key, "rate_key")
 
 
 def validate_key_template(task: Task, template: str, option: str = "concurrency_key") -> None:
@@ -325,6 +383,8 @@ def job_options(task: Task) -> dict[str, Any]:
         "unique_key": None,
         "unique_until": "finish",
         "timeout": None,
+        "rate_limit": None,
+        "rate_key": None,
     }
 
 

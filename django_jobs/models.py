@@ -119,6 +119,14 @@ class Job(models.Model):
     on_conflict = models.CharField(
         max_length=8, choices=[("block", "Block"), ("discard", "Discard")], default="block"
     )
+    # At most ``rate_limit`` starts of ``rate_key`` in any ``rate_period`` seconds
+    # (django_jobs/rate_limits.py); NULL: no rate limit.
+    rate_key = models.CharField(max_length=255, null=True, blank=True)
+    rate_limit = models.PositiveIntegerField(null=True, blank=True)
+    rate_period = models.FloatField(null=True, blank=True)
+    # The start time planned for it while it waits for its key's window; set while it
+    # waits, cleared when it starts.
+    rate_reserved_at = models.DateTimeField(null=True, blank=True)
 
     # The resolved ``unique_key`` of a unique task, kept for the record.
     unique_key = models.CharField(max_length=255, null=True, blank=True, db_index=True)
@@ -327,6 +335,29 @@ class Semaphore(models.Model):
         return f"{self.key} ({self.value}/{self.limit} free)"
 
 
+class RateLimit(models.Model):
+    """The lock row of one rate-limited key, with its recent starts and its plan.
+
+    ``starts``: the times (seconds since the epoch) of the key's last starts
+    within one period, at most ``limit`` of them. ``planned``: the last
+    ``limit`` start times planned, the real starts and the times promised to
+    jobs waiting for the window. Both are only read and written under this
+    row's lock, in a start transaction (django_jobs/rate_limits.py).
+    """
+
+    key = models.CharField(max_length=255, unique=True)
+    # The rate of the key's last start, for the admin; each job carries its own.
+    limit = models.PositiveIntegerField(default=1)
+    period = models.FloatField(default=1.0)
+    starts = models.JSONField(default=list, blank=True)
+    planned = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.limit} per {self.period:g}s)"
+
+
 class QueueLock(models.Model):
     """The row a claim locks to enforce a queue's ``max_concurrency`` across all workers."""
 
@@ -413,4 +444,11 @@ class BlockedKey(Semaphore):
     class Meta:
         proxy = True
         verbose_name = "blocked key"
+        default_permissions = ()
+
+
+class RateLimitedKey(RateLimit):
+    class Meta:
+        proxy = True
+        verbose_name = "rate-limited key"
         default_permissions = ()

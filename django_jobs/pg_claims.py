@@ -68,9 +68,9 @@ def start_held(
 ) -> dict[int, tuple]:
     """Count an attempt for each job whose claim this process holds (locked first).
 
-    Returns ``{job id: (attempts, worker_ids, started_at)}`` as written. A claim gone
-    (recovered, pruned) leaves its job out: the locking subquery skips a row
-    deleted while it waited.
+    Returns ``{job id: (attempts, worker_ids, started_at, last_attempted_at)}`` as
+    written. A claim gone (recovered, pruned) leaves its job out: the locking
+    subquery skips a row deleted while it waited.
     """
     connection = connections[db]
     quote = connection.ops.quote_name
@@ -82,7 +82,7 @@ def start_held(
         f"unique_lock = CASE WHEN unique_until = %s THEN NULL ELSE unique_lock END "
         f"WHERE id IN (SELECT job_id FROM {claimed} WHERE process_id = %s "
         f"AND job_id = ANY(%s) ORDER BY job_id FOR UPDATE) "
-        f"RETURNING id, attempts, worker_ids, started_at"
+        f"RETURNING id, attempts, worker_ids, started_at, last_attempted_at"
     )
     params = [
         JobStatus.RUNNING,
@@ -101,8 +101,9 @@ def start_held(
             attempts,
             json.loads(worker_ids) if isinstance(worker_ids, str) else worker_ids,
             started_at,
+            last_attempted_at,
         )
-        for pk, attempts, worker_ids, started_at in rows
+        for pk, attempts, worker_ids, started_at, last_attempted_at in rows
     }
 
 

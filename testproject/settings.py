@@ -104,6 +104,8 @@ DJANGO_JOBS = {
     # LISTEN/NOTIFY on PostgreSQL: on unless JOBS_LISTEN_NOTIFY=false; through the
     # "listen" database when JOBS_LISTEN_DATABASE_URL names one.
     "listen_notify": "listen" if "listen" in DATABASES else env.bool("JOBS_LISTEN_NOTIFY", True),
+    # Rates tasks share by name (@task(rate_limit="partner-api")), as JSON.
+    "rate_limits": env.json("JOBS_RATE_LIMITS", default={"partner-api": "5/s"}),
     # Recurring tasks as JSON: {"key": {"task": "...", "schedule": "every 1 second"}}.
     "recurring": env.json("JOBS_RECURRING", default={}),
 }

@@ -478,6 +478,7 @@ def test_every_page_shows_dates_in_one_format_in_the_zone_it_names(admin_client,
     pages = [
         *(page(name) for name in ("dashboard", "job", "blockedkey", "stuckjob", "process")),
         page("recurringtask"),
+        page("ratelimitedkey"),
         page("batch"),
         *(job_url(pk) for pk in (failed.pk, claimed.pk, scheduled, holder, blocked)),
         reverse("admin:django_jobs_process_change", args=[worker.pk]),

@@ -118,7 +118,14 @@ def pages() -> list[tuple[str, int]]:
         reverse("admin:app_list", args=["django_jobs"]),
         *(
             admin_url(f"{model}_changelist")
-            for model in ("dashboard", "job", "blockedkey", "stuckjob", "recurringtask")
+            for model in (
+                "dashboard",
+                "job",
+                "blockedkey",
+                "ratelimitedkey",
+                "stuckjob",
+                "recurringtask",
+            )
         ),
         *(admin_url(f"{model}_changelist") for model in ("batch", "process")),
         admin_url("job_changelist") + "?status__exact=failed",

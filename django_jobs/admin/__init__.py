@@ -1,10 +1,19 @@
 """The jobs admin: dashboard, job list and pages, blocked keys, stuck jobs, processes,
-recurring tasks and batches.
+rate-limited keys, recurring tasks and batches.
 
 Every action goes through :mod:`django_jobs.operations`, which takes the
 worker's own locks; see ``docs/admin.md``.
 """
 
-from . import batches, blocked, dashboard, jobs, processes, recurring, stuck
+from . import batches, blocked, dashboard, jobs, processes, rate_limited, recurring, stuck
 
-__all__ = ["batches", "blocked", "dashboard", "jobs", "processes", "recurring", "stuck"]
+__all__ = [
+    "batches",
+    "blocked",
+    "dashboard",
+    "jobs",
+    "processes",
+    "rate_limited",
+    "recurring",
+    "stuck",
+]
