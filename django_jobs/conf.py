@@ -45,7 +45,7 @@ class JobsSettings:
     listen_notify: bool | str = True
     max_concurrency: dict[str, int] = field(default_factory=dict)
     # name -> rate ("100/s"): limits tasks share by naming them (``@task(rate_limit="stripe")``);
-    # see docs/control.md.
+    # see docs/rate_limits.md.
     rate_limits: dict[str, str] = field(default_factory=dict)
     # Worker processes of the supervisor are replaced after running this many jobs, or
     # once their resident memory passes this many MB (None: never); see docs/running.md.

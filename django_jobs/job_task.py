@@ -60,7 +60,7 @@ class JobTask(Task):
       as ``JobTimeout`` (docs/control.md).
     - ``rate_limit``, ``rate_key``: at most N starts per period of one key, a rate
       (``"10/m"``) or the name of one in ``DJANGO_JOBS["rate_limits"]``
-      (docs/control.md).
+      (docs/rate_limits.md).
 
     Every option is checked when the task is declared or ``using()`` is called.
     """

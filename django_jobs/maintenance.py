@@ -1,4 +1,5 @@
-"""Periodic repairs: keys with blocked jobs reconciled, finished jobs pruned.
+"""Periodic repairs: keys with blocked jobs reconciled, finished jobs and idle rate
+limits pruned.
 
 :func:`prune_finished_jobs` is the one way finished jobs leave the database: the
 dispatcher calls it (through :func:`clear_finished_jobs`, with
@@ -17,7 +18,7 @@ from django.utils import timezone
 
 from .admission import reconcile_key
 from .deletion import delete_executions
-from .models import FINISHED_STATUSES, Batch, BlockedExecution, FailedExecution, Job
+from .models import FINISHED_STATUSES, Batch, BlockedExecution, FailedExecution, Job, RateLimit
 
 # Jobs per transaction when pruning: each transaction locks at most this many rows of the
 # jobs table (and their failure rows), for a few milliseconds.
@@ -39,6 +40,34 @@ def reconcile_blocked_keys(db: str) -> int:
         with transaction.atomic(using=db):
             promoted += reconcile_key(db, key)
     return promoted
+
+
+# A rate-limited key's row is kept this long after its last start at least (and for a
+# period after its last start or planned start, whichever is later).
+RATE_LIMIT_IDLE = timedelta(days=1)
+
+
+def prune_rate_limits(db: str, now: datetime | None = None) -> int:
+    """Delete the rows of rate-limited keys that have nothing left to remember.
+
+    A row is kept while any start or planned start is within its period, so
+    pruning never forgets a start that still counts or a plan still ahead. One
+    key per account would otherwise keep a row per account forever. A start
+    that finds its row pruned under it waits a second and recreates it
+    (claims.decide_rates).
+    """
+    now = now or timezone.now()
+    idle = RateLimit.objects.using(db).filter(updated_at__lt=now - RATE_LIMIT_IDLE)
+    stale = [
+        row.pk
+        for row in idle.only("pk", "period", "starts", "planned").iterator()
+        if max([0.0, *row.starts, *row.planned]) + row.period < now.timestamp()
+    ]
+    deleted = 0
+    for start in range(0, len(stale), DELETE_CHUNK):
+        chunk = stale[start : start + DELETE_CHUNK]
+        deleted += RateLimit.objects.using(db).filter(pk__in=chunk).delete()[0]
+    return deleted
 
 
 @dataclass

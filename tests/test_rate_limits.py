@@ -400,3 +400,33 @@ def test_the_admin_shows_each_key_its_window_next_opening_and_waiting_jobs(admin
     assert f'<time datetime="{opening.isoformat()}"' in html
     # The waiting jobs in the order they will run, each at its planned time.
     assert html.index(f">#{ids[1]}</a> at") < html.index(f">#{ids[2]}</a> at")
+    # A waiting job's own page says what it waits for, and until when.
+    page = admin_client.get(reverse("admin:django_jobs_job_change", args=[ids[1]]))
+    planned = timezone.localtime(Job.objects.get(pk=ids[1]).rate_reserved_at)
+    assert "waiting for its window, planned to start at" in page.content.decode()
+    assert f'<time datetime="{planned.isoformat()}"' in page.content.decode()
+
+
+def test_maintenance_prunes_only_rows_with_nothing_left_to_remember(transactional_db):
+    from django_jobs.maintenance import prune_rate_limits
+
+    now = timezone.now()
+    day_ago = now - timedelta(days=1, minutes=1)
+    clock = now.timestamp()
+    rows = {
+        "idle": (60.0, [clock - 90000], []),
+        "daily, started 23h ago": (86400.0, [clock - 82800], []),
+        "planned ahead": (60.0, [clock - 90000], [clock + 30]),
+        "recent": (60.0, [clock - 10], []),
+    }
+    for key, (period, starts, planned) in rows.items():
+        RateLimit.objects.create(
+            key=key, period=period, starts=starts, planned=planned, updated_at=day_ago
+        )
+    RateLimit.objects.filter(key="recent").update(updated_at=now)
+    assert prune_rate_limits(DB, now) == 1
+    assert sorted(RateLimit.objects.values_list("key", flat=True)) == [
+        "daily, started 23h ago",
+        "planned ahead",
+        "recent",
+    ]

@@ -6,7 +6,7 @@ import logging
 import time
 
 from ..conf import JobsSettings
-from ..maintenance import clear_finished_jobs, reconcile_blocked_keys
+from ..maintenance import clear_finished_jobs, prune_rate_limits, reconcile_blocked_keys
 from ..processes import prune_dead_processes
 from ..scheduling import promote_due_jobs
 from .db_retry import loop_until_stopped
@@ -89,3 +89,4 @@ class Dispatcher:
                 logger.warning("maintenance promoted %d blocked job(s)", unblocked)
             if self.conf.clear_finished_jobs_after is not None:
                 clear_finished_jobs(self.db, self.conf.clear_finished_jobs_after)
+            prune_rate_limits(self.db)
