@@ -22,6 +22,7 @@ from django.db.models import Count, F, Window
 from django.db.models.functions import Collate, RowNumber
 from django.utils import timezone
 
+from . import pg_admission
 from .batches import count_outcomes
 from .deletion import delete_executions
 from .models import BlockedExecution, ClaimedExecution, Job, JobStatus, ReadyExecution, Semaphore
@@ -158,6 +159,9 @@ def release_slots(db: str, keys: Iterable[str]) -> int:
     semaphores = lock_semaphores(db, keys)
     if not semaphores:
         return 0
+    if connections[db].vendor == "postgresql":
+        # The recount and the promotion below, in one statement (see pg_admission).
+        return pg_admission.recount_and_promote(db, semaphores, timezone.now())
     holders = count_holders_by_key(db, [semaphore.key for semaphore in semaphores])
     for semaphore in semaphores:
         semaphore.value = semaphore.limit - holders.get(semaphore.key, 0)

@@ -413,7 +413,11 @@ def finish_job(db: str, job_id: int, process_id: int, return_value: object) -> b
 
 
 def finish_jobs(
-    db: str, process_id: int, return_values: dict[int, object], plain: Collection[int] = ()
+    db: str,
+    process_id: int,
+    return_values: dict[int, object],
+    plain: Collection[int] = (),
+    keyed: Collection[int] = (),
 ) -> set[int]:
     """Record the success of many jobs in one transaction; return the ids finished.
 
@@ -423,21 +427,39 @@ def finish_jobs(
     promoted (:func:`~django_jobs.admission.release_slots`), and the batches are
     counted after every key (DESIGN.md section 4's lock order).
 
-    ``plain``: the ids the caller knows to have neither a concurrency key nor a
-    batch. On PostgreSQL those are finished first, in one statement of their own
-    (``pg_claims.finish_plain``, which checks it: a wrong hint costs a statement,
-    nothing else), and only the rest take the general transaction.
+    ``plain`` and ``keyed``: the ids the caller knows to have no batch, and
+    no concurrency key (``plain``) or one (``keyed``). On PostgreSQL those are
+    finished in one statement each (``pg_claims.finish_unbatched``, which checks
+    it: a wrong hint costs a statement, nothing else): the plain ones in
+    autocommit, the keyed ones in a transaction that then frees their slots
+    (``pg_admission``). Only the rest take the general transaction.
     """
     if not return_values:
         return set()
     done: set[int] = set()
-    plain_values = {pk: return_values[pk] for pk in plain if pk in return_values}
-    if plain_values and connections[db].vendor == "postgresql":
-        done = pg_claims.finish_plain(db, process_id, plain_values, timezone.now())
+    if connections[db].vendor == "postgresql":
+        plain_values = {pk: return_values[pk] for pk in plain if pk in return_values}
+        keyed_values = {pk: return_values[pk] for pk in keyed if pk in return_values}
+        if plain_values:
+            done |= set(pg_claims.finish_unbatched(db, process_id, plain_values, timezone.now()))
+        if keyed_values:
+            done |= finish_keyed_unbatched(db, process_id, keyed_values)
         if len(done) == len(return_values):
             return done
         return_values = {pk: value for pk, value in return_values.items() if pk not in done}
     return done | finish_locked(db, process_id, return_values)
+
+
+def finish_keyed_unbatched(db: str, process_id: int, return_values: dict[int, object]) -> set[int]:
+    """PostgreSQL, jobs without a batch: their claims, then their keys' slots, in
+    one transaction of four round trips (BEGIN, the finish, the semaphores' lock,
+    the recount and promotion, COMMIT) where the ORM path takes a dozen."""
+    with transaction.atomic(using=db):
+        finished = pg_claims.finish_unbatched(
+            db, process_id, return_values, timezone.now(), keyed=True
+        )
+        release_slots(db, {key for key in finished.values() if key})
+    return set(finished)
 
 
 def finish_locked(db: str, process_id: int, return_values: dict[int, object]) -> set[int]:

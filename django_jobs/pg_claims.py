@@ -8,8 +8,9 @@ with the same locks in the same order (ready rows with ``SKIP LOCKED``, then
 the jobs; for a start, this process's claimed rows, then the jobs), so the
 guarantees of ``claims.claim_jobs`` and ``claims.start_jobs`` hold unchanged.
 Queue caps (``max_concurrency``) keep the ORM path: they lock a cap row first.
-A finish is one statement for jobs with no concurrency key and no batch (those
-need their semaphore and batch rows in the same transaction: the ORM path).
+A finish is one statement for jobs with no batch (a batch's row needs the ORM
+path); with concurrency keys it runs in the transaction that then frees their
+slots (``pg_admission``).
 """
 
 from __future__ import annotations
@@ -107,17 +108,27 @@ def start_held(
     }
 
 
-def finish_plain(
-    db: str, process_id: int, return_values: dict[int, object], now: datetime
-) -> set[int]:
-    """Record the success of the jobs of ``return_values`` that have neither a
-    concurrency key nor a batch and whose claim this process holds; return their ids.
+def finish_unbatched(
+    db: str,
+    process_id: int,
+    return_values: dict[int, object],
+    now: datetime,
+    *,
+    keyed: bool = False,
+) -> dict[int, str | None]:
+    """Record the success of the jobs of ``return_values`` that have no batch (and,
+    unless ``keyed``, no concurrency key) and whose claim this process holds.
 
-    One statement, atomic in autocommit, with ``claims.finish_jobs``'s locks in its
-    order: this process's claimed rows (``FOR UPDATE``; one deleted meanwhile by a
-    recovery is skipped: exactly once), then their jobs. Through the ORM the same
-    finish is BEGIN, the locking SELECT, the DELETE, the UPDATE, the return values'
-    UPDATE and COMMIT. The others are left to the caller.
+    Returns ``{job id: its concurrency key or None}`` for those finished. One
+    statement with ``claims.finish_jobs``'s locks in its order: this process's
+    claimed rows (``FOR UPDATE``; one deleted meanwhile by a recovery is skipped:
+    exactly once), then their jobs. Through the ORM the same finish is BEGIN, the
+    locking SELECT, the DELETE, the UPDATE, the return values' UPDATE and COMMIT.
+
+    Without ``keyed`` it is a transaction of its own (autocommit). With it, the
+    caller runs it inside the transaction that then frees the returned keys'
+    slots (``admission.release_slots``), after these claims' locks (DESIGN.md
+    section 4). The others are left to the caller.
     """
     connection = connections[db]
     quote = connection.ops.quote_name
@@ -128,19 +139,20 @@ def finish_plain(
         None if value is None else json.dumps(value, cls=encoder)
         for value in return_values.values()
     ]
+    keyless = "" if keyed else "AND concurrency_key IS NULL "
     sql = (
         f"WITH held AS (SELECT job_id FROM {claimed} WHERE process_id = %s "
-        f"AND job_id = ANY(%s) AND concurrency_key IS NULL AND batch_id IS NULL "
+        f"AND job_id = ANY(%s) {keyless}AND batch_id IS NULL "
         f"ORDER BY job_id FOR UPDATE), "
         f"gone AS (DELETE FROM {claimed} AS c USING held WHERE c.job_id = held.job_id "
-        f"RETURNING c.job_id), "
+        f"RETURNING c.job_id, c.concurrency_key), "
         f"outcome AS (SELECT * FROM UNNEST(%s::bigint[], %s::text[]) AS v(job_id, value)) "
         f"UPDATE {job} SET status = %s, finished_at = %s, unique_lock = NULL, "
         f"return_value = outcome.value::jsonb "
         f"FROM gone JOIN outcome ON outcome.job_id = gone.job_id "
-        f"WHERE {job}.id = gone.job_id RETURNING {job}.id"
+        f"WHERE {job}.id = gone.job_id RETURNING {job}.id, gone.concurrency_key"
     )
     params = [process_id, ids, ids, values, JobStatus.SUCCEEDED, now]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return {row[0] for row in cursor.fetchall()}
+        return dict(cursor.fetchall())

@@ -13,7 +13,7 @@ import threading
 import pytest
 from django.db import transaction
 
-from django_jobs import admission, bulk_enqueue
+from django_jobs import admission, bulk_enqueue, pg_admission
 from django_jobs.admission import reconcile_key, release_slot
 from django_jobs.claims import claim_jobs, finish_job, start_job
 from django_jobs.models import (
@@ -178,7 +178,9 @@ class TestFinishPromotes:
         def crash(*args, **kwargs):
             raise RuntimeError("killed between finish and promotion")
 
+        # The promotion: the ORM's writes, or PostgreSQL's one statement (pg_admission).
         monkeypatch.setattr(admission, "make_ready", crash)
+        monkeypatch.setattr(pg_admission, "recount_and_promote", crash)
         with pytest.raises(RuntimeError):
             finish_job(DB, a, worker.pk, "done")
         monkeypatch.undo()

@@ -106,16 +106,15 @@ def write_successes(ctx: ExecutionContext, batch: list[Success]) -> None:
     """Finalise ``batch`` in one transaction (riding out outages), then log and signal
     each success recorded. Also the whole finish of a worker without a completer."""
     values = {success.job.pk: success.value for success in batch}
-    # Neither a key nor a batch: on PostgreSQL their finish is one statement.
-    plain = [
-        success.job.pk
-        for success in batch
-        if not success.job.concurrency_key and success.job.batch_id is None
-    ]
+    # No batch: on PostgreSQL their finish is one statement (plus the slots' release
+    # for those with a concurrency key).
+    unbatched = [success.job for success in batch if success.job.batch_id is None]
+    plain = [job.pk for job in unbatched if not job.concurrency_key]
+    keyed = [job.pk for job in unbatched if job.concurrency_key]
     done = persist(
         ctx,
         f"finishing job{'s' if len(values) > 1 else ''} {', '.join(map(str, values))}",
-        lambda: finish_jobs(ctx.db, ctx.process_id, values, plain),
+        lambda: finish_jobs(ctx.db, ctx.process_id, values, plain, keyed),
     )
     if done is None:
         logger.error(
