@@ -9,7 +9,15 @@ SQLite, where the test project turns it off for its test suite).
 every query of a worker is kept in ``connection.queries`` (time and memory
 that production never pays) and ``db_worker`` runs under the autoreloader,
 one more process polling the file system.
+
+Procrastinate, the second peer, is installed only when the environment has
+``JOBS_BENCH_PROCRASTINATE=true`` and the database is PostgreSQL (its schema
+is PostgreSQL's alone): the harness sets it for itself and for Procrastinate's
+workers when its phase runs, never for the other workers, whose startup and
+memory would otherwise include an app they never use.
 """
+
+from importlib.util import find_spec
 
 from testproject.settings import *  # noqa: F403
 from testproject.settings import DATABASES, INSTALLED_APPS, TASKS, env
@@ -25,3 +33,14 @@ TASKS = {
 }
 
 DATABASES["default"]["CONN_MAX_AGE"] = 600
+
+BENCH_PROCRASTINATE = (
+    env.bool("JOBS_BENCH_PROCRASTINATE", default=False)
+    and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+    and find_spec("procrastinate") is not None
+)
+if BENCH_PROCRASTINATE:
+    INSTALLED_APPS = [*INSTALLED_APPS, "procrastinate.contrib.django"]
+    # Only the bench's tasks: no autodiscovery of every app's "tasks" module.
+    PROCRASTINATE_AUTODISCOVER_MODULE_NAME = ""
+    PROCRASTINATE_IMPORT_PATHS = ["bench.procrastinate_tasks"]

@@ -1,4 +1,4 @@
-"""Throughput and latency of django-jobs against django-tasks-db, the peer, in one run.
+"""Throughput and latency of django-jobs against its peers and the database's limit, in one run.
 
     python bench/throughput.py [--db postgres|mariadb|sqlite] [--smoke] [--json PATH]
 
@@ -8,18 +8,24 @@ The database is ``--db``'s, else ``DATABASE_URL``'s, else PostgreSQL's
 its name must contain "throughput" or "bench": every phase empties the tables
 of both apps first, so that no phase sees another's rows.
 
-Each phase times ours and the peer through the same code, on the same
-database, in the same run: enqueue one by one, bulk enqueue, drain N no-op
-jobs by real worker processes (``run_jobs`` and ``db_worker`` started as
+Each phase times ours and django-tasks-db (the peer) through the same code, on
+the same database, in the same run: enqueue one by one, bulk enqueue, drain N
+no-op jobs by real worker processes (``run_jobs`` and ``db_worker`` started as
 subprocesses), drain jobs with concurrency keys (ours only), latency from
 enqueue to start with idle workers, and claim rate with a big table against
-an empty one. One phase compares ours with ours (PostgreSQL only): N
-concurrent enqueuing processes with LISTEN/NOTIFY on against off. The table
-prints each figure of ours with its ratio against the peer's, > 1 meaning ours
-is better (rates: ours / peer; times and memory: peer / ours). The machine is
-noisy: read the ratios, not absolute figures. Figures are printed, never
-asserted; a phase that fails (a worker dies, a job fails, the queue stalls)
-ends the run non-zero, with every worker stopped.
+an empty one. Phase "procrastinate" (PostgreSQL only) puts Procrastinate, the
+second peer, through the same enqueue, drain and latency. Phase "limit"
+(PostgreSQL only) drains the same number of jobs with a minimal raw-SQL queue
+(bench/limit_queue.py) and the same processes x threads: every drain is also
+printed as a share of that ceiling. Phase "concurrent" compares ours with ours
+(PostgreSQL only): N concurrent enqueuing processes with LISTEN/NOTIFY on
+against off; phase "prefix" times concurrent claims with a ``reports*``
+selector against ``*``. The table prints each figure of ours with its ratio
+against each peer's, > 1 meaning ours is better (rates: ours / peer; times and
+memory: peer / ours). The machine is noisy: read the ratios, not absolute
+figures. Figures are printed, never asserted; a phase that fails (a worker
+dies, a job fails, the queue stalls) ends the run non-zero, with every worker
+stopped.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from importlib.metadata import version
+from importlib.util import find_spec
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -54,9 +61,26 @@ DATABASE_URLS = {
     "sqlite": "sqlite:////tmp/jobs_throughput.sqlite3",
 }
 SAFE_NAME_PARTS = ("throughput", "bench")
-PHASES = ("enqueue", "concurrent", "bulk", "drain", "keyed", "latency", "claims")
+# In the order they run: the limit drain right before ours, so the two meet the same machine.
+PHASES = (
+    "enqueue",
+    "concurrent",
+    "bulk",
+    "limit",
+    "drain",
+    "keyed",
+    "procrastinate",
+    "latency",
+    "claims",
+    "prefix",
+)
+SMOKE_SKIPS = {"procrastinate": "its schema and workers take too long for the smoke run"}
 PEER = "peer"  # the TASKS alias of django-tasks-db in bench/settings.py
 PEER_QUEUE = "default"  # db_worker's default --queue-name, where peer_noop goes
+PROCRASTINATE_FLAG = "JOBS_BENCH_PROCRASTINATE"  # bench/settings.py installs its app with it
+PROCRASTINATE_APP = "procrastinate.contrib.django"
+PREFIX_PATTERN = "reports*"
+PREFIX_QUEUES = ("reports", "reports-daily")  # declared in testproject/settings.py
 
 POLL = 0.25  # seconds between counts of finished jobs while waiting
 SETTLE = 1.0  # seconds given to started workers to go idle before jobs arrive
@@ -124,6 +148,17 @@ def parse_args() -> argparse.Namespace:
     workers.add_argument("--processes", type=int, help="run_jobs --processes (CPU count)")
     workers.add_argument("--threads", type=int, help=f"run_jobs --threads ({DEFAULT_THREADS})")
     workers.add_argument("--peer-processes", type=int, default=2, help="db_worker processes (2)")
+    workers.add_argument(
+        "--limit-batch",
+        type=int,
+        help="jobs per claim of a limit-phase worker process (2 x --threads: ours' crash bound)",
+    )
+    workers.add_argument(
+        "--procrastinate-task",
+        choices=("async", "sync"),
+        default="async",
+        help="Procrastinate's no-op task: async (its recommended form) or sync",
+    )
     # One of the concurrent enqueuing processes of phase "concurrent" (started by the run).
     parser.add_argument("--enqueue-client", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -141,6 +176,12 @@ os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
 if OPTIONS.db:
     os.environ["DATABASE_URL"] = DATABASE_URLS[OPTIONS.db]
 os.environ.setdefault("DATABASE_URL", DATABASE_URLS["postgres"])
+# Procrastinate's app (and its migrations) only when its phase runs; bench/settings.py also
+# requires PostgreSQL and the package. Workers of ours and of the peer never get it.
+if "procrastinate" in OPTIONS.phases.split(",") and not (OPTIONS.smoke or OPTIONS.enqueue_client):
+    os.environ[PROCRASTINATE_FLAG] = "true"
+else:
+    os.environ.pop(PROCRASTINATE_FLAG, None)
 
 import django  # noqa: E402
 
@@ -211,20 +252,25 @@ def create_database() -> None:
             cursor.execute(f"CREATE DATABASE IF NOT EXISTS {quoted} CHARACTER SET utf8mb4")
 
 
-def app_tables() -> list[str]:
-    """Every table of both apps (proxies have none of their own)."""
+def app_tables(labels: tuple[str, ...] | None = None) -> list[str]:
+    """Every table of these apps (proxies have none of their own); ours and the peer's by
+    default."""
+    labels = labels or ("django_jobs", DBTaskResult._meta.app_label)
     return [
         model._meta.db_table
-        for label in ("django_jobs", DBTaskResult._meta.app_label)
+        for label in labels
         for model in apps.get_app_config(label).get_models()
         if not model._meta.proxy
     ]
 
 
 def reset_tables() -> None:
-    """Empty both apps' tables (TRUNCATE where there is one), so phases never share rows."""
+    """Empty every queue's tables (TRUNCATE where there is one), so phases never share rows."""
+    tables = app_tables()
+    if apps.is_installed(PROCRASTINATE_APP):
+        tables += app_tables(("procrastinate",))  # its models are unmanaged, its tables real
     statements = connection.ops.sql_flush(
-        no_style(), app_tables(), reset_sequences=True, allow_cascade=True
+        no_style(), tables, reset_sequences=True, allow_cascade=True
     )
     connection.ops.execute_sql_flush(statements)
 
@@ -308,13 +354,17 @@ def server_version() -> str:
 # --- worker processes ------------------------------------------------------------------
 
 
-def worker_environment() -> dict[str, str]:
-    return {
+def worker_environment(**extra: str) -> dict[str, str]:
+    """The harness's environment for a worker, without Procrastinate's app unless ``extra``
+    asks for it."""
+    env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": SETTINGS,
         "PYTHONPATH": str(ROOT),
         "PYTHONUNBUFFERED": "1",
     }
+    env.pop(PROCRASTINATE_FLAG, None)
+    return {**env, **extra}
 
 
 def proc_stat(pid: int) -> tuple[str, int] | None:
@@ -365,8 +415,15 @@ class Workers:
     is left and fails if anything survives that.
     """
 
-    def __init__(self, commands: list[list[str]], log_dir: Path, label: str) -> None:
+    def __init__(
+        self,
+        commands: list[list[str]],
+        log_dir: Path,
+        label: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.commands = commands
+        self.env = env or worker_environment()
         self.logs = [log_dir / f"{label}-{n}.log" for n in range(len(commands))]
         self.procs: list[subprocess.Popen[bytes]] = []
         self.files: list[IO[bytes]] = []
@@ -379,7 +436,7 @@ class Workers:
                     subprocess.Popen(
                         command,
                         cwd=ROOT,
-                        env=worker_environment(),
+                        env=self.env,
                         stdin=subprocess.DEVNULL,
                         stdout=self.files[-1],
                         stderr=subprocess.STDOUT,
@@ -490,6 +547,8 @@ class Drain:
 class Bench(Protocol):
     name: str
 
+    def reset(self) -> None: ...
+    def environment(self) -> dict[str, str]: ...
     def commands(self) -> list[list[str]]: ...
     def wait_ready(self, workers: Workers) -> None: ...
     def enqueue_one(self) -> str: ...
@@ -514,6 +573,12 @@ class Ours:
         self.threads = threads
         self.backend: JobsBackend = task_backends["default"]
         self.claimer: Process | None = None
+
+    def reset(self) -> None:
+        reset_tables()
+
+    def environment(self) -> dict[str, str]:
+        return worker_environment()
 
     def commands(self) -> list[list[str]]:
         flags = ["--processes", str(self.processes), "--threads", str(self.threads)]
@@ -565,8 +630,9 @@ class Ours:
             by_role.setdefault(kind, []).append(rss_mb(pid))
         return rss_summary(by_role, ("worker", "supervisor"))
 
-    def plant(self, finished: int, ready: int) -> None:
-        """Finished jobs, then ready ones (newer ids, as in service) with their ready rows."""
+    def plant(self, finished: int, ready: int, queues: tuple[str, ...] = ("default",)) -> None:
+        """Finished jobs, then ready ones (newer ids, as in service, shared out over
+        ``queues``) with their ready rows."""
         self.claimer = None  # the tables were emptied: its process row is gone
         now = timezone.now()
         done = Job(
@@ -581,8 +647,9 @@ class Ours:
             worker_ids=["worker-bench"],
         )
         insert_series(Job, finished, done, {})
-        waiting = Job(task_path=noop.module_path, queue_name="default", enqueued_at=now)
-        insert_series(Job, ready, waiting, {})
+        for name, count in zip(queues, pieces(ready, len(queues)), strict=False):
+            waiting = Job(task_path=noop.module_path, queue_name=name, enqueued_at=now)
+            insert_series(Job, count, waiting, {})
         job, ready_row = Job._meta, ReadyExecution._meta
         quote = connection.ops.quote_name
         with connection.cursor() as cursor:
@@ -608,6 +675,12 @@ class Peer:
 
     def __init__(self, processes: int) -> None:
         self.processes = processes
+
+    def reset(self) -> None:
+        reset_tables()
+
+    def environment(self) -> dict[str, str]:
+        return worker_environment()
 
     def commands(self) -> list[list[str]]:
         flags = ["--backend", PEER, "--queue-name", PEER_QUEUE]
@@ -686,6 +759,163 @@ class Peer:
         return 1
 
 
+class Limit:
+    """The limit phase's raw-SQL queue (bench/limit_queue.py): its own table and worker
+    processes, the same database, the harness's own psycopg connection. PostgreSQL only."""
+
+    name = "limit"
+
+    def __init__(self, processes: int, threads: int, batch: int) -> None:
+        import psycopg
+        from psycopg.conninfo import make_conninfo
+
+        from bench import limit_queue
+
+        self.queue = limit_queue
+        self.processes, self.threads, self.batch = processes, threads, batch
+        params = connection.get_connection_params()
+        libpq = {k: v for k, v in params.items() if isinstance(v, str | int) and k != "autocommit"}
+        self.dsn = make_conninfo(**libpq)
+        self.conn = psycopg.connect(self.dsn, autocommit=True, application_name="bench harness")
+        limit_queue.create(self.conn)
+
+    def close(self) -> None:
+        """Drop the table: the limit queue leaves nothing behind in the bench database."""
+        self.queue.drop(self.conn)
+        self.conn.close()
+
+    def reset(self) -> None:
+        self.queue.empty(self.conn)
+
+    def environment(self) -> dict[str, str]:
+        return worker_environment(**{self.queue.DSN_VARIABLE: self.dsn})
+
+    def commands(self) -> list[list[str]]:
+        flags = ["--threads", str(self.threads), "--batch", str(self.batch)]
+        command = [sys.executable, "-m", "bench.limit_queue", "worker", *flags]
+        return [command] * self.processes
+
+    def wait_ready(self, workers: Workers) -> None:
+        def connected() -> bool:
+            return all("ready" in text for text in workers.log_text())
+
+        wait_until(connected, workers, "the limit queue's workers to connect", START_TIMEOUT)
+        time.sleep(SETTLE)
+
+    def enqueue_one(self) -> str:
+        return self.queue.enqueue_one(self.conn)
+
+    def enqueue_many(self, count: int) -> None:
+        self.queue.enqueue_many(self.conn, count)
+
+    def row_count(self) -> int:
+        return self.queue.count(self.conn)
+
+    def finished_count(self) -> int:
+        return self.queue.count(self.conn, self.queue.SUCCEEDED, self.queue.FAILED)
+
+    def failed_count(self) -> int:
+        return self.row_count() - self.queue.count(self.conn, self.queue.SUCCEEDED)
+
+    def span(self) -> tuple[datetime, datetime]:
+        return self.queue.span(self.conn)
+
+    def latencies_ms(self, ids: list[str]) -> list[float]:
+        raise NotImplementedError("the limit queue polls; its latency says nothing")
+
+    def rss(self, workers: Workers) -> dict[str, Any]:
+        return rss_summary({"worker": [rss_mb(pid) for pid in workers.members()]}, ("worker",))
+
+    def plant(self, finished: int, ready: int) -> None:
+        raise NotImplementedError("the limit queue is not in the claims phase")
+
+    def claim(self, limit: int) -> int:
+        raise NotImplementedError("the limit queue is not in the claims phase")
+
+
+class Procrastinate:
+    """Procrastinate through its Django integration: jobs deferred through Django's
+    connection, P worker processes of ``concurrency`` async sub-workers each
+    (bench/procrastinate_worker.py), LISTEN/NOTIFY on. PostgreSQL only."""
+
+    name = "procrastinate"
+
+    def __init__(self, processes: int, concurrency: int, kind: str) -> None:
+        from procrastinate.contrib.django.models import (
+            ProcrastinateEvent,
+            ProcrastinateJob,
+            ProcrastinateWorker,
+        )
+
+        from bench import procrastinate_tasks
+
+        self.processes, self.concurrency, self.kind = processes, concurrency, kind
+        self.task = getattr(procrastinate_tasks, f"noop_{kind}")
+        self.jobs, self.events = ProcrastinateJob.objects, ProcrastinateEvent.objects
+        self.workers = ProcrastinateWorker.objects
+
+    def reset(self) -> None:
+        reset_tables()
+
+    def environment(self) -> dict[str, str]:
+        return worker_environment(**{PROCRASTINATE_FLAG: "true"})
+
+    def commands(self) -> list[list[str]]:
+        script = str(ROOT / "bench" / "procrastinate_worker.py")
+        return [[sys.executable, script, "--concurrency", str(self.concurrency)]] * self.processes
+
+    def wait_ready(self, workers: Workers) -> None:
+        """Each worker registers itself in procrastinate_workers once its pool is open and
+        it listens."""
+
+        def registered() -> bool:
+            return self.workers.count() >= self.processes
+
+        wait_until(registered, workers, "Procrastinate's workers to register", START_TIMEOUT)
+        time.sleep(SETTLE)
+
+    def enqueue_one(self) -> str:
+        return str(self.task.defer())
+
+    def enqueue_many(self, count: int) -> None:
+        """Its batch API: one statement for all."""
+        self.task.batch_defer(*({} for _ in range(count)))
+
+    def row_count(self) -> int:
+        return self.jobs.count()
+
+    def finished_count(self) -> int:
+        return self.jobs.filter(status__in=("succeeded", "failed", "cancelled", "aborted")).count()
+
+    def failed_count(self) -> int:
+        return self.jobs.exclude(status="succeeded").count()
+
+    def span(self) -> tuple[datetime, datetime]:
+        """From its event log (the jobs table keeps no timestamps): first start, last end."""
+        first = self.events.filter(type="started").aggregate(at=Min("at"))["at"]
+        last = self.events.filter(type__in=("succeeded", "failed")).aggregate(at=Max("at"))["at"]
+        return first, last
+
+    def latencies_ms(self, ids: list[str]) -> list[float]:
+        events = self.events.filter(job_id__in=[int(pk) for pk in ids])
+        at: dict[tuple[int, str], datetime] = {
+            (job, kind): when
+            for job, kind, when in events.filter(type__in=("deferred", "started")).values_list(
+                "job_id", "type", "at"
+            )
+        }
+        return [ms(at[int(pk), "started"] - at[int(pk), "deferred"]) for pk in ids]
+
+    def rss(self, workers: Workers) -> dict[str, Any]:
+        return rss_summary({"worker": [rss_mb(pid) for pid in workers.members()]}, ("worker",))
+
+    def plant(self, finished: int, ready: int) -> None:
+        raise NotImplementedError("Procrastinate is not in the claims phase")
+
+    def claim(self, limit: int) -> int:
+        raise NotImplementedError("Procrastinate is not in the claims phase")
+
+
 def ms(delta: timedelta) -> float:
     return delta.total_seconds() * 1000
 
@@ -744,7 +974,7 @@ def check_rows(bench: Bench, expected: int) -> None:
 
 def enqueue_rate(bench: Bench, count: int) -> Rate:
     """``enqueue()`` one by one, each in its own autocommit transaction, after a warm-up."""
-    reset_tables()
+    bench.reset()
     bench.enqueue_one()
 
     def enqueue(n: int) -> int:
@@ -759,7 +989,7 @@ def enqueue_rate(bench: Bench, count: int) -> Rate:
 
 def bulk_rate(bench: Bench, count: int) -> float:
     """All ``count`` jobs in one call: a single timing, there is nothing to split."""
-    reset_tables()
+    bench.reset()
     began = time.perf_counter()
     bench.enqueue_many(count)
     rate = count / (time.perf_counter() - began)
@@ -775,8 +1005,8 @@ def drain(bench: Bench, jobs: int, plant: Callable[[], None], log_dir: Path, lab
     commit that made the jobs visible to the poll that saw the last finished.
     Memory is read while the workers still run, after all that work.
     """
-    reset_tables()
-    with Workers(bench.commands(), log_dir, label) as workers:
+    bench.reset()
+    with Workers(bench.commands(), log_dir, label, bench.environment()) as workers:
         bench.wait_ready(workers)
         began = time.perf_counter()
         plant()
@@ -798,8 +1028,9 @@ def latency(bench: Bench, samples: int, interval_ms: float, log_dir: Path) -> li
     A few jobs run first and are not counted: each worker's first job pays for
     importing the task module, which says nothing about how fast it wakes up.
     """
-    reset_tables()
-    with Workers(bench.commands(), log_dir, f"{bench.name}-latency") as workers:
+    bench.reset()
+    label = f"{bench.name}-latency"
+    with Workers(bench.commands(), log_dir, label, bench.environment()) as workers:
         bench.wait_ready(workers)
         paced(bench.enqueue_one, LATENCY_WARMUP, 50.0)
         wait_finished(bench, workers, LATENCY_WARMUP)
@@ -866,7 +1097,7 @@ def claims_phase(bench: Bench, sizes: Sizes, batch: int) -> dict[str, Any]:
 
 @dataclass
 class Figure:
-    """One line of the table: ours, the peer's, and the ratio (> 1: ours is better)."""
+    """One line of the table: ours, each peer's, and the ratios (> 1: ours is better)."""
 
     key: str
     label: str
@@ -875,17 +1106,26 @@ class Figure:
     peer: float | None
     higher_is_better: bool = True
     note: str = ""
+    procrastinate: float | None = None
+
+    def against(self, theirs: float | None) -> float | None:
+        if not self.ours or not theirs:
+            return None
+        return self.ours / theirs if self.higher_is_better else theirs / self.ours
 
     @property
     def ratio(self) -> float | None:
-        if not self.ours or not self.peer:
-            return None
-        return self.ours / self.peer if self.higher_is_better else self.peer / self.ours
+        return self.against(self.peer)
+
+    @property
+    def procrastinate_ratio(self) -> float | None:
+        return self.against(self.procrastinate)
 
     def as_json(self) -> dict[str, Any]:
         return {
             **asdict(self),
             "ratio": self.ratio,
+            "procrastinate_ratio": self.procrastinate_ratio,
             "ratio_is": "ours / peer" if self.higher_is_better else "peer / ours",
         }
 
@@ -901,10 +1141,36 @@ class Check:
 
 
 @dataclass
+class Share:
+    """A drain (or enqueue) rate as a share of the limit queue's, from the same run."""
+
+    key: str
+    label: str
+    rate: float
+    limit_key: str  # "drain" or "enqueue"
+
+
+@dataclass
 class Report:
     figures: list[Figure] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    limit: dict[str, float] = field(default_factory=dict)  # the limit queue's rates
+    shares: list[Share] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # phases that did not run, and why
+
+    def figure(self, key: str, label: str, unit: str, higher_is_better: bool = True) -> Figure:
+        """The line ``key``, added empty if no phase made it yet (peers fill in their
+        column of a line ours made, or make it when ours' phase was not run)."""
+        for figure in self.figures:
+            if figure.key == key:
+                return figure
+        self.figures.append(Figure(key, label, unit, None, None, higher_is_better))
+        return self.figures[-1]
+
+    def skip(self, phase: str, why: str) -> None:
+        progress(f"{phase}: skipped, {why}")
+        self.skipped.append(f"{phase}: skipped, {why}")
 
 
 @dataclass
@@ -915,6 +1181,8 @@ class Run:
     ours: Ours
     peer: Peer
     log_dir: Path
+    limit_batch: int
+    procrastinate_task: str
     report: Report = field(default_factory=Report)
     plain_drain: Drain | None = None  # ours, without keys: the keyed drain's reference
 
@@ -923,11 +1191,23 @@ def phase_enqueue(run: Run) -> None:
     count = run.sizes.enqueue
     progress(f"enqueue one by one: {count:,} jobs each")
     ours, peer = enqueue_rate(run.ours, count), enqueue_rate(run.peer, count)
-    note = f"median of {PIECES} pieces"
-    run.report.figures.append(
-        Figure("enqueue_rate", "enqueue one by one", "jobs/s", ours.median, peer.median, note=note)
-    )
+    figure = run.report.figure(*ENQUEUE_FIGURE)
+    figure.ours, figure.peer, figure.note = ours.median, peer.median, f"median of {PIECES} pieces"
+    run.report.shares += [
+        Share("enqueue_ours", "ours, enqueue one by one", ours.median, "enqueue"),
+        Share("enqueue_peer", "django-tasks-db, enqueue one by one", peer.median, "enqueue"),
+    ]
     run.report.details["enqueue"] = {"ours": asdict(ours), "peer": asdict(peer)}
+
+
+ENQUEUE_FIGURE = ("enqueue_rate", "enqueue one by one", "jobs/s")
+DRAIN_FIGURES = (("drain_rate", "drain no-op jobs", "jobs/s"),)
+DRAIN_WALL_FIGURE = ("drain_wall", "drain wall time", "s", False)
+RSS_FIGURES = (
+    ("max_mb", "worker RSS, largest process", "ours: workers + supervisor"),
+    ("sum_mb", "worker RSS, sum", "ours: workers + supervisor"),
+    ("all_processes_mb", "RSS of every process", "ours: + dispatcher, mp tracker"),
+)
 
 
 # --- concurrent enqueuers, LISTEN/NOTIFY on against off (ours only, PostgreSQL) ----------
@@ -1193,22 +1473,17 @@ def phase_drain(run: Run) -> None:
     ours = drain(run.ours, count, lambda: run.ours.enqueue_many(count), run.log_dir, "ours")
     peer = drain(run.peer, count, lambda: run.peer.enqueue_many(count), run.log_dir, "peer")
     run.plain_drain = ours
-    run.report.figures += [
-        Figure("drain_rate", "drain no-op jobs", "jobs/s", ours.rate, peer.rate),
-        Figure(
-            "drain_wall", "drain wall time", "s", ours.wall_s, peer.wall_s, False, "commit→done"
-        ),
+    rate = run.report.figure(*DRAIN_FIGURES[0])
+    rate.ours, rate.peer = ours.rate, peer.rate
+    wall = run.report.figure(*DRAIN_WALL_FIGURE)
+    wall.ours, wall.peer, wall.note = ours.wall_s, peer.wall_s, "commit→done"
+    for key, label, note in RSS_FIGURES:
+        figure = run.report.figure(f"rss_{key[:-3]}", label, "MB", False)
+        figure.ours, figure.peer, figure.note = ours.rss[key], peer.rss[key], note
+    run.report.shares += [
+        Share("drain_ours", "ours, drain no-op jobs", ours.rate, "drain"),
+        Share("drain_peer", "django-tasks-db, drain no-op jobs", peer.rate, "drain"),
     ]
-    rss = "ours: workers + supervisor"
-    every = "ours: + dispatcher, mp tracker"
-    for key, label, note in (
-        ("max_mb", "worker RSS, largest process", rss),
-        ("sum_mb", "worker RSS, sum", rss),
-        ("all_processes_mb", "RSS of every process", every),
-    ):
-        run.report.figures.append(
-            Figure(f"rss_{key[:-3]}", label, "MB", ours.rss[key], peer.rss[key], False, note)
-        )
     run.report.details["drain"] = {"ours": asdict(ours), "peer": asdict(peer)}
 
 
@@ -1220,6 +1495,7 @@ def phase_keyed(run: Run) -> None:
     )
     label = f"drain, {keys:,} keys limit 1"
     run.report.figures.append(Figure("keyed_drain_rate", label, "jobs/s", keyed.rate, None))
+    run.report.shares.append(Share("keyed_drain_ours", f"ours, {label}", keyed.rate, "drain"))
     run.report.details["keyed_drain"] = asdict(keyed)
     if run.plain_drain is not None:
         ratio = keyed.rate / run.plain_drain.rate
@@ -1235,19 +1511,96 @@ def phase_latency(run: Run) -> None:
         for b in (run.ours, run.peer)
     )
     for cut in ("p50", "p95", "p99"):
-        note = f"ours: {wakeup(JobsSettings.load())[0]}" if cut == "p50" else ""
-        run.report.figures.append(
-            Figure(
-                f"latency_{cut}",
-                f"latency enqueue→start {cut}",
-                "ms",
-                mine[cut],
-                theirs[cut],
-                False,
-                note,
-            )
-        )
-    run.report.details["latency_ms"] = {"ours": mine, "peer": theirs}
+        figure = run.report.figure(*latency_figure(cut))
+        figure.ours, figure.peer = mine[cut], theirs[cut]
+        figure.note = f"ours: {wakeup(JobsSettings.load())[0]}" if cut == "p50" else ""
+    run.report.details.setdefault("latency_ms", {}).update(ours=mine, peer=theirs)
+
+
+def latency_figure(cut: str) -> tuple[str, str, str, bool]:
+    return f"latency_{cut}", f"latency enqueue→start {cut}", "ms", False
+
+
+# --- the limit queue and Procrastinate (PostgreSQL only) ---------------------------------
+
+
+def phase_limit(run: Run) -> None:
+    """The raw-SQL queue, with ours' processes x threads: enqueue one by one, then drain."""
+    if connection.vendor != "postgresql":
+        run.report.skip("limit", f"PostgreSQL only (raw SQL over psycopg), not {connection.vendor}")
+        return
+    sizes, ours = run.sizes, run.ours
+    progress(
+        f"limit: raw-SQL queue, {sizes.enqueue:,} enqueued one by one, {sizes.jobs:,} drained by "
+        f"{ours.processes} x {ours.threads} threads, {run.limit_batch} jobs per claim"
+    )
+    limit = Limit(ours.processes, ours.threads, run.limit_batch)
+    try:
+        enqueue = enqueue_rate(limit, sizes.enqueue)
+        plant = lambda: limit.enqueue_many(sizes.jobs)  # noqa: E731
+        result = drain(limit, sizes.jobs, plant, run.log_dir, "limit")
+    finally:
+        limit.close()
+    run.report.limit = {"enqueue": enqueue.median, "drain": result.rate}
+    run.report.details["limit"] = {
+        "processes": ours.processes,
+        "threads": ours.threads,
+        "batch": run.limit_batch,
+        "enqueue": asdict(enqueue),
+        "drain": asdict(result),
+    }
+
+
+def procrastinate_unavailable() -> str | None:
+    """Why Procrastinate cannot run here, or None if it can."""
+    if connection.vendor != "postgresql":
+        return f"PostgreSQL only (its schema is PostgreSQL's), not {connection.vendor}"
+    if OPTIONS.smoke:
+        return SMOKE_SKIPS["procrastinate"]
+    if not apps.is_installed(PROCRASTINATE_APP):
+        return "procrastinate is not installed (pip install -e '.[bench]')"
+    return None
+
+
+def phase_procrastinate(run: Run) -> None:
+    """Procrastinate through the same enqueue, drain and latency as the other two."""
+    why = procrastinate_unavailable()
+    if why:
+        run.report.skip("procrastinate", why)
+        return
+    sizes, ours = run.sizes, run.ours
+    bench = Procrastinate(ours.processes, ours.threads, run.procrastinate_task)
+    progress(
+        f"procrastinate: {sizes.enqueue:,} enqueued one by one, {sizes.jobs:,} drained by "
+        f"{bench.processes} x {bench.concurrency} sub-workers, {sizes.latency_samples:,} latency "
+        "samples"
+    )
+    enqueue = enqueue_rate(bench, sizes.enqueue)
+    run.report.figure(*ENQUEUE_FIGURE).procrastinate = enqueue.median
+    result = drain(
+        bench, sizes.jobs, lambda: bench.enqueue_many(sizes.jobs), run.log_dir, "procrastinate"
+    )
+    run.report.figure(*DRAIN_FIGURES[0]).procrastinate = result.rate
+    run.report.figure(*DRAIN_WALL_FIGURE).procrastinate = result.wall_s
+    for key, label, _ in RSS_FIGURES:
+        run.report.figure(f"rss_{key[:-3]}", label, "MB", False).procrastinate = result.rss[key]
+    cuts = percentiles(
+        latency(bench, sizes.latency_samples, sizes.latency_interval_ms, run.log_dir)
+    )
+    for cut in ("p50", "p95", "p99"):
+        run.report.figure(*latency_figure(cut)).procrastinate = cuts[cut]
+    run.report.shares += [
+        Share(
+            "enqueue_procrastinate", "procrastinate, enqueue one by one", enqueue.median, "enqueue"
+        ),
+        Share("drain_procrastinate", "procrastinate, drain no-op jobs", result.rate, "drain"),
+    ]
+    run.report.details["procrastinate"] = {
+        "enqueue": asdict(enqueue),
+        "drain": asdict(result),
+        "latency_ms": cuts,
+        "task": run.procrastinate_task,
+    }
 
 
 def phase_claims(run: Run) -> None:
@@ -1291,6 +1644,149 @@ def phase_claims(run: Run) -> None:
     run.report.details["claims"] = {"ours": ours, "peer": peer}
 
 
+# --- claims with a prefix pattern against "*", under concurrency (ours only) ------------
+
+
+@dataclass
+class PrefixRound:
+    pattern: str
+    bystanders: int  # ready jobs of another queue, older, that the pattern does not take
+    claimers: int
+    jobs: int
+    claims: int
+    empty_claims: int  # came back with nothing while ready rows were left (locked by others)
+    elapsed_s: float
+    rows_locked: int | None  # by one claim of a batch, MariaDB/MySQL only
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.elapsed_s
+
+
+def rows_locked_by_one_claim(pattern: str, batch: int) -> int | None:
+    """InnoDB's count of rows one claim locks (``trx_rows_locked``), the claim rolled back.
+
+    A claim that must sort the matching rows before taking ``batch`` of them
+    locks every row it read, and a concurrent claimer then skips them all:
+    this is the number that says whether a pattern serialises claims.
+    """
+    if connection.vendor != "mysql":
+        return None
+    claimer = register_process(DB, Process.Kind.WORKER)
+    query = (
+        "SELECT trx_rows_locked FROM information_schema.INNODB_TRX "
+        "WHERE trx_mysql_thread_id = CONNECTION_ID()"
+    )
+    with transaction.atomic():
+        claim_jobs(DB, claimer.pk, QueueSelector((pattern,)), limit=batch)
+        with connection.cursor() as cursor:
+            cursor.execute(query)
+            row = cursor.fetchone()
+        transaction.set_rollback(True)
+    return int(row[0]) if row else None
+
+
+def prefix_round(run: Run, pattern: str, backlog: bool) -> PrefixRound:
+    """``clients`` threads, each a claimer with its own connection and process row, take
+    ``claims`` ready jobs (shared out over PREFIX_QUEUES) ``claim_batch`` at a time, all
+    at once, until none is left.
+
+    With ``backlog``, as many ready jobs of queue "default", enqueued before
+    them, wait meanwhile: a backlog in another queue, which a ``reports*``
+    claim has to find its way past and must not lock.
+    """
+    sizes = run.sizes
+    reset_tables()
+    bystanders = sizes.claims if backlog else 0
+    # plant() shares its jobs out evenly and in order: the bystanders first, then the rest.
+    queues = ("default",) * 2 + PREFIX_QUEUES if backlog else PREFIX_QUEUES
+    run.ours.plant(0, sizes.claims + bystanders, queues)
+    analyze()
+    condition = next(QueueSelector((pattern,)).conditions())
+    locked = rows_locked_by_one_claim(pattern, sizes.claim_batch)
+    start = threading.Barrier(sizes.clients + 1)
+    counts: list[tuple[int, int, int]] = []
+    errors: list[BaseException] = []
+
+    def claimer() -> None:
+        try:
+            process = register_process(DB, Process.Kind.WORKER)
+            selector = QueueSelector((pattern,))
+            jobs = claims = empty = 0
+            start.wait()
+            deadline = time.monotonic() + STALL_TIMEOUT
+            while time.monotonic() < deadline:
+                got = len(claim_jobs(DB, process.pk, selector, limit=sizes.claim_batch))
+                claims += 1
+                jobs += got
+                if not got:
+                    if not ReadyExecution.objects.filter(condition).exists():
+                        break
+                    empty += 1
+            else:
+                raise RuntimeError(f"claims with {pattern!r} stalled")
+            counts.append((jobs, claims, empty))
+        except BaseException as exc:
+            errors.append(exc)
+            start.abort()
+        finally:
+            connection.close()  # this thread's own
+
+    threads = [threading.Thread(target=claimer) for _ in range(sizes.clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        start.wait()
+    except threading.BrokenBarrierError:
+        pass
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - began
+    if errors:
+        raise RuntimeError(f"a claimer with {pattern!r} failed: {errors[0]!r}") from errors[0]
+    jobs, claims, empty = (sum(c[n] for c in counts) for n in range(3))
+    if jobs != sizes.claims:
+        raise RuntimeError(f"claims with {pattern!r} took {jobs:,} of {sizes.claims:,} jobs")
+    return PrefixRound(pattern, bystanders, sizes.clients, jobs, claims, empty, elapsed, locked)
+
+
+def prefix_label(r: PrefixRound) -> str:
+    return f"claims {r.pattern!r}" + (f" +{r.bystanders:,} other" if r.bystanders else "")
+
+
+def phase_prefix(run: Run) -> None:
+    """Does a prefix pattern serialise claims? The same jobs taken with ``*``, with
+    ``reports*``, and with ``reports*`` past a backlog of another queue."""
+    sizes = run.sizes
+    progress(
+        f"prefix: {sizes.claims:,} ready jobs in {', '.join(PREFIX_QUEUES)}, {sizes.clients} "
+        f"concurrent claimers, {sizes.claim_batch} per claim: '*', {PREFIX_PATTERN!r}, "
+        f"{PREFIX_PATTERN!r} past {sizes.claims:,} older jobs of queue 'default'"
+    )
+    rounds = [
+        prefix_round(run, "*", backlog=False),
+        prefix_round(run, PREFIX_PATTERN, backlog=False),
+        prefix_round(run, PREFIX_PATTERN, backlog=True),
+    ]
+    for key, r in zip(("star", "prefix", "prefix_backlog"), rounds, strict=True):
+        locked = "" if r.rows_locked is None else f"; one claim locks {r.rows_locked:,} rows"
+        note = f"{r.claimers} claimers; {r.empty_claims:,} of {r.claims:,} claims empty{locked}"
+        run.report.figures.append(
+            Figure(f"claims_{key}", prefix_label(r), "jobs/s", r.rate, None, note=note)
+        )
+    for key, r in (("prefix", rounds[1]), ("prefix_backlog", rounds[2])):
+        run.report.checks.append(
+            Check(
+                f"{key}_over_star",
+                f"ours: {prefix_label(r)} / '*'",
+                r.rate / rounds[0].rate,
+                "near 1 (issue 13: a prefix must not serialise claims)",
+            )
+        )
+    run.report.details["prefix"] = [{**asdict(r), "rate": r.rate} for r in rounds]
+
+
 PHASE_RUNNERS: dict[str, Callable[[Run], None]] = {
     "enqueue": phase_enqueue,
     "concurrent": phase_concurrent,
@@ -1299,6 +1795,9 @@ PHASE_RUNNERS: dict[str, Callable[[Run], None]] = {
     "keyed": phase_keyed,
     "latency": phase_latency,
     "claims": phase_claims,
+    "limit": phase_limit,
+    "procrastinate": phase_procrastinate,
+    "prefix": phase_prefix,
 }
 
 
@@ -1308,18 +1807,52 @@ def number(value: float | None) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
 
 
+def times(ratio: float | None) -> str:
+    return f"{ratio:.2f}x" if ratio else "-"
+
+
 def print_table(report: Report) -> None:
+    """The figures, ours against each peer; then each rate against the limit; the checks."""
+    both = any(f.procrastinate is not None for f in report.figures)
+    second = f"{'procrast.':>11}{'ratio':>8}" if both else ""
     print()
-    print(f"{'figure':<32}{'unit':>7}{'ours':>10}{'peer':>10}{'ratio':>8}  note")
+    print(f"{'figure':<32}{'unit':>7}{'ours':>10}{'tasks-db':>10}{'ratio':>8}{second}  note")
     for f in report.figures:
-        ratio = f"{f.ratio:.2f}x" if f.ratio else "-"
+        second = f"{number(f.procrastinate):>11}{times(f.procrastinate_ratio):>8}" if both else ""
         note = f"{'' if f.higher_is_better else 'lower is better; '}{f.note}".strip("; ")
-        print(f"{f.label:<32}{f.unit:>7}{number(f.ours):>10}{number(f.peer):>10}{ratio:>8}  {note}")
-    print("ratio > 1: ours is better (rates: ours / peer; times and memory: peer / ours)")
+        print(
+            f"{f.label:<32}{f.unit:>7}{number(f.ours):>10}{number(f.peer):>10}"
+            f"{times(f.ratio):>8}{second}  {note}"
+        )
+    peers = "tasks-db: django-tasks-db" + ("; procrast.: Procrastinate" if both else "")
+    print(f"{peers}. ratio > 1: ours is better (rates: ours / peer; times, memory: peer / ours)")
+    if report.limit:
+        print()
+        print(
+            f"against the limit (raw-SQL queue, same database, same run): drain "
+            f"{number(report.limit['drain'])} jobs/s, enqueue one by one "
+            f"{number(report.limit['enqueue'])} jobs/s"
+        )
+        for share in report.shares:
+            limit = report.limit[share.limit_key]
+            print(f"  {share.label:<44}{number(share.rate):>8} jobs/s{share.rate / limit:>8.1%}")
     if report.checks:
         print()
     for c in report.checks:
         print(f"{c.label:<40}{c.value:>6.2f}  target {c.target}")
+    if report.skipped:
+        print()
+    for line in report.skipped:
+        print(line)
+
+
+def limit_checks(report: Report) -> None:
+    """The issue's share target, once both drains are in."""
+    drains = {share.key: share.rate for share in report.shares}
+    if report.limit and "drain_ours" in drains:
+        value = drains["drain_ours"] / report.limit["drain"]
+        label = "ours: drain / limit drain"
+        report.checks.append(Check("drain_over_limit", label, value, ">= 0.40"))
 
 
 # --- the run's circumstances -----------------------------------------------------------
@@ -1370,6 +1903,18 @@ def circumstances(run: Run) -> dict[str, Any]:
             "processes": run.peer.processes,
             "defaults": "--interval 1, random startup delay up to 1 s, no --reload (DEBUG off)",
         },
+        "limit": {
+            "processes": run.ours.processes,
+            "threads": run.ours.threads,
+            "batch": run.limit_batch,
+        },
+        "procrastinate": {
+            "version": version("procrastinate") if find_spec("procrastinate") else None,
+            "processes": run.ours.processes,
+            "concurrency": run.ours.threads,
+            "pool": run.ours.threads + 1,
+            "task": run.procrastinate_task,
+        },
     }
 
 
@@ -1395,6 +1940,23 @@ def print_header(info: dict[str, Any], sizes: Sizes) -> None:
         f"per LISTEN/NOTIFY setting"
     )
     print("bulk enqueue of the peer: it has no bulk API; enqueue() in a loop in one atomic()")
+    limit, procrastinate = info["limit"], info["procrastinate"]
+    if "limit" in info["phases"] and connection.vendor == "postgresql":
+        print(
+            f"limit: bench/limit_queue.py, {limit['processes']} processes x {limit['threads']} "
+            f"threads; each process claims {limit['batch']} jobs at a time (FOR UPDATE SKIP "
+            "LOCKED) on its one psycopg connection, runs them on its threads, marks them done "
+            "in one statement"
+        )
+    if "procrastinate" in info["phases"] and procrastinate_unavailable() is None:
+        print(
+            f"procrastinate {procrastinate['version']}: Django integration, "
+            f"{procrastinate['processes']} x bench/procrastinate_worker.py --concurrency "
+            f"{procrastinate['concurrency']} (pool of {procrastinate['pool']} connections, "
+            f"LISTEN/NOTIFY on, its defaults otherwise), {procrastinate['task']} no-op task, "
+            "defer() one by one, batch_defer() for the drain"
+        )
+    print(f"load average at the end: {info['load_average_end']}")
 
 
 # --- main ------------------------------------------------------------------------------
@@ -1421,6 +1983,13 @@ def write_json(path: Path, info: dict[str, Any], run: Run, elapsed: float) -> No
         "sizes": asdict(run.sizes),
         "figures": [f.as_json() for f in run.report.figures],
         "checks": [asdict(c) for c in run.report.checks],
+        "limit": run.report.limit,
+        "shares_of_limit": [
+            {**asdict(share), "share": share.rate / run.report.limit[share.limit_key]}
+            for share in run.report.shares
+            if run.report.limit
+        ],
+        "skipped": run.report.skipped,
         "details": run.report.details,
         "elapsed_s": elapsed,
     }
@@ -1438,13 +2007,25 @@ def main() -> int:
     cores = os.cpu_count() or 1
     ours = Ours(OPTIONS.processes or cores, OPTIONS.threads or DEFAULT_THREADS)
     sizes = resolve_sizes(OPTIONS, ours.threads)
-    run = Run(sizes, ours, Peer(OPTIONS.peer_processes), Path(tempfile.mkdtemp(prefix="jobs-")))
+    run = Run(
+        sizes,
+        ours,
+        Peer(OPTIONS.peer_processes),
+        Path(tempfile.mkdtemp(prefix="jobs-")),
+        # At most this many unrecorded jobs per process: ours' bound (docs/running.md).
+        limit_batch=OPTIONS.limit_batch or 2 * ours.threads,
+        procrastinate_task=OPTIONS.procrastinate_task,
+    )
     info = circumstances(run)
     selected = set(OPTIONS.phases.split(","))
+    info["phases"] = [phase for phase in PHASES if phase in selected]
     try:
-        for phase in PHASES:
-            if phase in selected:
-                PHASE_RUNNERS[phase](run)
+        for phase in info["phases"]:
+            phase_began = time.perf_counter()
+            PHASE_RUNNERS[phase](run)
+            took = time.perf_counter() - phase_began
+            run.report.details.setdefault("phase_seconds", {})[phase] = round(took, 1)
+            progress(f"{phase}: {took:.1f} s")
     except RuntimeError as exc:  # a worker died, a job failed, the queue stalled
         print(f"FAILED: {exc}\nworker logs kept in {run.log_dir}", file=sys.stderr)
         return 1
@@ -1458,6 +2039,8 @@ def main() -> int:
     else:
         shutil.rmtree(run.log_dir, ignore_errors=True)
     elapsed = time.perf_counter() - began
+    info["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    limit_checks(run.report)
     print_header(info, sizes)
     print_table(run.report)
     print(f"\nwhole run: {elapsed:.1f} s")
