@@ -17,7 +17,8 @@ import pytest
 from django.db import connection
 
 from django_jobs.models import ClaimedExecution, FailedExecution, Job, JobStatus, Pause, Process
-from tests import tasks
+from testproject.demo.models import AuditEvent
+from tests import shutdown_tasks, tasks
 from tests.harness import database_url, wait_until
 from tests.proxy import CuttableProxy
 
@@ -124,11 +125,16 @@ def test_sigterm_lets_a_running_job_finish(run_jobs, tmp_path):
 
 
 def test_a_job_outliving_the_shutdown_timeout_is_a_failed_attempt(run_jobs, tmp_path):
-    marker = tmp_path / "started"
-    result = tasks.sleep_then_return.using(max_attempts=2, backoff=60).enqueue(30, str(marker))
+    """In Python, so the interrupt at the deadline ends it (tests/test_shutdown_deadline.py)."""
+    result = shutdown_tasks.loops_in_python.using(max_attempts=2, backoff=60).enqueue(
+        key="long", seconds=30
+    )
     waiting = tasks.add.enqueue(1, 1)
     proc = run_jobs("--threads", "1", "--single-process", env={"JOBS_SHUTDOWN_TIMEOUT": "1"})
-    wait_until(marker.exists, what="the long job started")
+    wait_until(
+        lambda: AuditEvent.objects.filter(job_id=int(result.id)).exists(),
+        what="the long job started",
+    )
     proc.send(signal.SIGTERM)
     assert proc.wait(20) == 0, proc.output()
     job = job_of(result)

@@ -15,7 +15,8 @@ import pytest
 from django.utils import timezone
 
 from django_jobs.models import ClaimedExecution, FailedExecution, JobStatus, Process
-from tests import tasks
+from testproject.demo.models import AuditEvent
+from tests import shutdown_tasks, tasks
 from tests.harness import error_paths, job_row, pid_alive, runs_of, wait_until
 
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
@@ -41,21 +42,25 @@ def assert_nothing_left_behind() -> None:
 def test_sigterm_finishes_short_jobs_fails_long_ones_and_hands_back_the_rest(
     run_jobs, tmp_path, mode
 ):
-    log = tmp_path / "runs"
-    marks = {name: tmp_path / name for name in ("short", "retried", "failed")}
-    short = tasks.record_run.using(priority=10).enqueue(str(log), "short", 1.0, str(marks["short"]))
-    retried = tasks.slow_first_attempt.using(priority=10, max_attempts=2, backoff=0).enqueue(
-        str(log), "retried", 30, str(marks["retried"])
+    """The long jobs run Python, so the interrupt at the deadline ends them and their
+    own threads record them (tests/test_shutdown_deadline.py has one blocked in C)."""
+    log, gate = tmp_path / "runs", tmp_path / "stop-sent"
+    short = shutdown_tasks.runs_until.using(priority=10).enqueue(str(log), "short", str(gate))
+    retried = shutdown_tasks.loops_in_python.using(priority=10, max_attempts=2).enqueue(
+        key="retried", seconds=30
     )
-    failed = tasks.record_run.using(priority=10).enqueue(
-        str(log), "failed", 30, str(marks["failed"])
-    )
+    failed = shutdown_tasks.loops_in_python.using(priority=10).enqueue(key="failed", seconds=30)
     waiting = tasks.record_run.using(priority=-10).enqueue(str(log), "waiting")
     proc = run_jobs(*MODES[mode], env={"JOBS_SHUTDOWN_TIMEOUT": "2"})
-    wait_started(*marks.values())
+    wait_until(lambda: runs_of(log) == ["short"], what="the short job started")
+    wait_until(lambda: AuditEvent.objects.count() == 2, what="the long jobs started")
 
     began = time.monotonic()
     proc.send(signal.SIGTERM)
+    # The worker (a child, asked by its supervisor) has stopped claiming: the short job
+    # ends now, within the shutdown timeout, and no thread it frees takes the waiting one.
+    proc.wait_for_output("asked by the supervisor" if mode == "supervisor" else "(SIGTERM)")
+    gate.touch()
     assert proc.wait(15) == 0, proc.output()
     assert time.monotonic() - began < 10, proc.output()
 
@@ -74,7 +79,7 @@ def test_sigterm_finishes_short_jobs_fails_long_ones_and_hands_back_the_rest(
     # Never started: costs nothing, still ready.
     job = job_row(waiting)
     assert (job.status, job.attempts) == (JobStatus.READY, 0)
-    assert sorted(runs_of(log)) == ["failed", "retried", "short"]
+    assert runs_of(log) == ["short"]
     assert_nothing_left_behind()
 
     # The retried job and the waiting one run on the next start, once each.
@@ -84,7 +89,9 @@ def test_sigterm_finishes_short_jobs_fails_long_ones_and_hands_back_the_rest(
     job = job_row(retried)
     assert (job.status, job.attempts, job.return_value) == (JobStatus.SUCCEEDED, 2, 2)
     assert error_paths(retried) == [WORKER_SHUTDOWN]
-    assert sorted(runs_of(log)) == ["failed", "retried", "retried", "short", "waiting"]
+    assert sorted(runs_of(log)) == ["short", "waiting"]
+    runs = sorted(AuditEvent.objects.values_list("key", "attempt"))
+    assert runs == [("failed", 1), ("retried", 1), ("retried", 2)]
 
 
 @pytest.mark.parametrize("second", ["SIGTERM", "SIGQUIT"])

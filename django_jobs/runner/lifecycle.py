@@ -39,6 +39,9 @@ class Lifecycle:
         # Jobs whose body could not be interrupted: the process exits leaving their
         # claims to recovery, which must wait until it is gone (their slots with them).
         self.stuck_jobs: set[int] = set()
+        # Jobs still running after the shutdown deadline's interrupt: the same, but
+        # met on a stop this process was asked for, so not a reason to exit non-zero.
+        self.left_running: set[int] = set()
 
     def request_stop(self, reason: str = "") -> None:
         if not self.stopping.is_set():
@@ -107,6 +110,12 @@ class Lifecycle:
         """A job cannot be stopped: stop taking work, end the others, exit without it."""
         self.stuck_jobs.add(job_id)
         self.request_stop(f"job {job_id} cannot be interrupted")
+
+    @property
+    def leaves_claims(self) -> bool:
+        """True if this process exits with claims of bodies that may still run: nobody
+        may settle them (free their slots) before the process is gone."""
+        return bool(self.stuck_jobs or self.left_running)
 
     def sleep(self, seconds: float) -> None:
         """Sleep until the timeout or a wake-up (work finished, a signal)."""

@@ -52,9 +52,12 @@ def registered(
         yield process
     finally:
         beat.stop()
-        # A stuck job's claim must outlive this process: its supervisor (or pruning)
-        # settles it once the process, and so the job's thread, is gone.
-        abandoning = bool(lifecycle.stuck_jobs) and not settle_when_immediate
+        # The claim of a body that may still run (stuck, or left running at the
+        # shutdown deadline) must outlive this process, and so must the row: without
+        # it the claim would be an orphan that any dispatcher's prune settles at once.
+        # Its supervisor (or pruning, once the heartbeat has aged) settles it when the
+        # process, and so the job's thread, is gone.
+        abandoning = lifecycle.leaves_claims and not settle_when_immediate
         if not abandoning and (settle_when_immediate or not lifecycle.immediate.is_set()):
             retry_until_done(
                 db,

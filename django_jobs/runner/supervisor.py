@@ -81,7 +81,7 @@ def run_child(kind: str, overrides: dict[str, Any], supervisor_id: int, verbosit
     code = 0
     try:
         run_role(kind, conf, lifecycle, supervisor_id)
-        if lifecycle.stuck_jobs:
+        if lifecycle.leaves_claims:
             code = ABANDONED_EXIT_CODE
         elif lifecycle.recycling and not lifecycle.signalled.is_set():
             code = RECYCLE_EXIT_CODE
@@ -175,10 +175,7 @@ class Supervisor:
                 "starting a fresh process",
                 what,
             )
-            reason = (
-                f"{what} exited: the job ran past its timeout or cancel and could not be "
-                "interrupted"
-            )
+            reason = abandoned_reason(what)
         else:
             logger.error("%s exited unexpectedly (code %s); replacing it", what, code)
             reason = f"{what} exited with code {code}"
@@ -227,7 +224,9 @@ class Supervisor:
         escalated = self.lifecycle.immediate.is_set()
         for child in alive:
             self.signal(child, signal.SIGQUIT if escalated else signal.SIGUSR1)
-        deadline = time.monotonic() + self.conf.shutdown_timeout + 5.0
+        # A child's jobs get the shutdown timeout, then the interrupt's grace, then
+        # the writing of their outcomes.
+        deadline = time.monotonic() + self.conf.shutdown_timeout + self.conf.interrupt_grace + 5.0
         while alive and time.monotonic() < deadline:
             if self.lifecycle.immediate.is_set() and not escalated:
                 escalated = True
@@ -241,9 +240,10 @@ class Supervisor:
             child.process.join(5)
         for child in self.children:
             if child.process is not None:
-                self.recover_child(
-                    child.process.pid, f"{child.kind} process {child.process.pid} stopped"
-                )
+                what = f"{child.kind} process {child.process.pid}"
+                abandoned = child.process.exitcode == ABANDONED_EXIT_CODE
+                reason = abandoned_reason(what) if abandoned else f"{what} stopped"
+                self.recover_child(child.process.pid, reason)
 
     @staticmethod
     def signal(child: Child, signum: int) -> None:
@@ -251,6 +251,14 @@ class Supervisor:
             os.kill(child.process.pid, signum)
         except ProcessLookupError:
             pass
+
+
+def abandoned_reason(what: str) -> str:
+    """The recorded error of a job its process exited without (exit code 76)."""
+    return (
+        f"{what} exited: the job could not be interrupted (past its timeout, cancelled, "
+        "or at the shutdown deadline)"
+    )
 
 
 def prune_stale(conf: JobsSettings) -> None:

@@ -10,21 +10,21 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import close_old_connections
 from django.db.models import Q
 
-from ..claims import ErrorInfo, claim_jobs, fail_job, release_job
+from ..claims import claim_jobs, release_job
 from ..conf import JobsSettings
-from ..exceptions import TaskNotFound
+from ..exceptions import TaskNotFound, WorkerShutdown
 from ..loading import load_task
 from ..models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution
 from ..queues import QueueSelector
 from ..scheduling import promote_due_jobs
 from .completer import Completer
 from .context import ExecutionContext
-from .db_retry import DB_ERRORS, Backoff, reset_connection, retry_until_done
+from .db_retry import DB_ERRORS, Backoff, reset_connection
 from .executor import execute_job, start_claimed
 from .lifecycle import Lifecycle
 from .listener import start_listener
 from .recycling import RecyclePolicy
-from .watchdog import Watchdog
+from .watchdog import Watchdog, raise_in_thread
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -71,11 +71,13 @@ class Worker:
         self.ctx.completer = self.completer
         self.watchdog = Watchdog(self.db, conf.interrupt_grace, lifecycle.request_abandon)
         self.ctx.watchdog = self.watchdog
+        self.shutdown_exception = shutdown_interrupt(conf.shutdown_timeout)
         self.lock = threading.Lock()
         self.running: dict[int, Job] = {}
         self.pool = ThreadPoolExecutor(conf.threads, thread_name_prefix="django-jobs-worker")
-        # Jobs still running when shutdown gave up on them: their threads cannot be
-        # killed, so the process must exit without joining them.
+        # Jobs still running when shutdown gave up on them (an immediate stop, a body
+        # the interrupt did not end): their threads cannot be killed, so the process
+        # must exit without joining them.
         self.abandoned = 0
         # A claim whose COMMIT lost its connection may have gone through anyway.
         self.claims_in_doubt = False
@@ -230,10 +232,19 @@ class Worker:
             return any(pk not in self.lifecycle.stuck_jobs for pk in self.running)
 
     def shutdown(self) -> None:
-        """Let running jobs finish up to the shutdown timeout; settle the rest.
+        """Let running jobs finish up to the shutdown timeout; interrupt the rest.
 
         A process stopping to be recycled waits for its jobs without a deadline,
         until a stop signal arrives: then the shutdown timeout runs from there.
+
+        At the deadline each body still running gets ``WorkerShutdown`` raised in
+        its thread and ``interrupt_grace`` seconds to end; one that ends is recorded
+        by its own thread like any failure. One that does not (blocked in C code,
+        which no Python exception reaches) keeps its claim, and so its concurrency
+        slot: this process exits without settling it, and it is settled once the
+        process is gone (DESIGN.md invariant 9). Failing it from here, as this once
+        did, freed its slot while its body still ran, and another worker could
+        start the next job of a limit-1 key before this process had exited.
         """
         deadline = time.monotonic() + self.conf.shutdown_timeout
         while (
@@ -243,51 +254,104 @@ class Worker:
         ):
             self.lifecycle.signalled.wait(0.05)
             deadline = time.monotonic() + self.conf.shutdown_timeout
-        while self.running_besides_stuck() and time.monotonic() < deadline:
-            if self.lifecycle.immediate.wait(0.05):
-                break
+        self.wait_for_running(deadline)
+        if self.running_besides_stuck() and not self.lifecycle.immediate.is_set():
+            self.interrupt_running()
+            self.wait_for_running(time.monotonic() + self.conf.interrupt_grace)
         if not self.lifecycle.immediate.is_set():
-            # Successes handed to the completer are written before anything is settled.
+            # Successes handed to the completer are written before this process goes.
             self.completer.stop()
-        if self.lifecycle.immediate.is_set():
-            # Stop now: what still runs is abandoned (the process must exit without
-            # joining those threads) and its claims are left to whoever recovers them.
-            with self.lock:
-                self.abandoned = len(self.running)
-            return
         with self.lock:
             leftovers = list(self.running.values())
-        # A stuck job keeps its claim: settled only once this process is gone.
+        # Stop now, or a body that did not end: its thread cannot be killed, so the
+        # process must exit without joining it, and the claim is left to whoever
+        # recovers this process once it is gone.
+        self.abandoned = len(leftovers)
+        if self.lifecycle.immediate.is_set():
+            return
         for job in leftovers:
             if job.pk not in self.lifecycle.stuck_jobs:
-                self.settle_interrupted(job)
-        self.abandoned = len(leftovers)
+                self.leave_running(job)
         self.pool.shutdown(wait=not leftovers, cancel_futures=True)
         close_old_connections()
 
-    def settle_interrupted(self, job: Job) -> None:
-        """A job still running at the deadline: a failed attempt (retried if it may be)."""
-        status = (
-            Job.objects.using(self.db).filter(pk=job.pk).values_list("status", flat=True).first()
+    def wait_for_running(self, deadline: float) -> None:
+        """Until the running jobs (stuck ones aside) have ended, the deadline, or a stop-now."""
+        while self.running_besides_stuck() and time.monotonic() < deadline:
+            if self.lifecycle.immediate.wait(0.05):
+                return
+
+    def interrupt_running(self) -> None:
+        """Raise ``WorkerShutdown`` in the thread of each body still running.
+
+        Under the watchdog's lock, and marked as fired on the body's
+        :class:`~.watchdog.Control`, as the watchdog does for a timeout: a body
+        that returns at this very instant withdraws the exception in
+        ``Watchdog.forget`` before it can land in the worker's own code. A body
+        the watchdog already interrupted (timeout, cancel) is left to it; a job
+        whose body has not begun or has ended has no control and needs nothing.
+        """
+        with self.lock:
+            job_ids = [pk for pk in self.running if pk not in self.lifecycle.stuck_jobs]
+        now = time.monotonic()
+        interrupted = []
+        with self.watchdog.lock:
+            for job_id in job_ids:
+                control = self.watchdog.controls.get(job_id)
+                if control is None or control.done or control.fired_at is not None:
+                    continue
+                control.fired_at = now
+                raise_in_thread(control.thread_id, self.shutdown_exception)
+                interrupted.append(job_id)
+        if interrupted:
+            logger.warning(
+                "job(s) %s still running after the %gs shutdown timeout: interrupting them "
+                "(%gs to end)",
+                ", ".join(map(str, interrupted)),
+                self.conf.shutdown_timeout,
+                self.conf.interrupt_grace,
+            )
+
+    def leave_running(self, job: Job) -> None:
+        """A job whose thread still runs after the interrupt: its claim outlives us.
+
+        Its body may not have ended (or, if it has, its outcome is not written):
+        whoever recovers this process once it is gone records it.
+        """
+        self.lifecycle.left_running.add(job.pk)
+        with self.watchdog.lock:
+            in_body = job.pk in self.watchdog.controls
+        logger.error(
+            "job %s: %s %gs after the interrupt at the shutdown deadline: exiting without "
+            "settling it; it is recovered once this process is gone, and its concurrency "
+            "slot stays held until then",
+            job.pk,
+            "its body still runs (blocked outside Python?)"
+            if in_body
+            else "its thread has not finished",
+            self.conf.interrupt_grace,
         )
-        if status == JobStatus.RUNNING:
-            message = (
-                f"interrupted: still running after the {self.conf.shutdown_timeout}s "
-                "shutdown timeout"
-            )
-            error = ErrorInfo("django_jobs.exceptions.WorkerShutdown", message, message)
-            retry_until_done(
-                self.db,
-                f"failing interrupted job {job.pk}",
-                lambda: fail_job(
-                    self.db, job.pk, self.process_id, error, worker_id=self.ctx.worker_id
-                ),
-                give_up=self.lifecycle.immediate.is_set,
-                max_delay=self.conf.db_retry_max_delay,
-            )
-            logger.warning("job interrupted task=%s job=%s: %s", job.task_path, job.pk, message)
-        else:
-            release_job(self.db, job.pk, self.process_id)
+
+
+def shutdown_interrupt(timeout: float) -> type[WorkerShutdown]:
+    """The exception raised in a body still running at the shutdown deadline.
+
+    ``PyThreadState_SetAsyncExc`` raises a class, never an instance, so the
+    message the job's error row shows comes from this subclass's defaults. It
+    is named as its parent: the executor records ``module.qualname``, and
+    ``django_jobs.exceptions.WorkerShutdown`` is the error the docs and users
+    know (``except WorkerShutdown`` catches it too).
+    """
+    message = f"interrupted: still running after the {timeout:g}s shutdown timeout"
+
+    class Interrupt(WorkerShutdown):
+        def __init__(self, *args: object) -> None:
+            super().__init__(*(args or (message,)))
+
+    Interrupt.__module__ = WorkerShutdown.__module__
+    Interrupt.__name__ = WorkerShutdown.__name__
+    Interrupt.__qualname__ = WorkerShutdown.__qualname__
+    return Interrupt
 
 
 def unrecorded_bound(threads: int) -> int:
