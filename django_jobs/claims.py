@@ -65,6 +65,7 @@ def claim_jobs(
     selector: QueueSelector,
     limit: int,
     caps: dict[str, int] | None = None,
+    worker_id: str | None = None,
 ) -> list[Job]:
     """Take up to ``limit`` ready jobs, skipping rows other claimers hold locked.
 
@@ -72,11 +73,16 @@ def claim_jobs(
     is taken and its claims counted in this same transaction, so two workers
     can never both see room for the last slot (taskito #104), and a cap of N
     lets exactly N run.
+
+    ``worker_id``: the caller runs the jobs at once, so on PostgreSQL without
+    caps the claim also starts those it can (``pg_claims.claim_matching``):
+    they come back ``RUNNING``, their attempt counted; the rest ``CLAIMED``, for
+    :func:`start_jobs`. The ORM path only claims.
     """
     if limit <= 0:
         return []
     if connections[db].vendor == "postgresql" and not caps:
-        return claim_in_one_statement(db, process_id, selector, limit)
+        return claim_in_one_statement(db, process_id, selector, limit, worker_id)
     with transaction.atomic(using=db):
         # Read in the claim query itself, unless queue caps need the list first.
         paused: set[str] | QuerySet = Pause.objects.using(db).values("queue_name")
@@ -136,7 +142,7 @@ def claim_jobs(
 
 
 def claim_in_one_statement(
-    db: str, process_id: int, selector: QueueSelector, limit: int
+    db: str, process_id: int, selector: QueueSelector, limit: int, worker_id: str | None = None
 ) -> list[Job]:
     """PostgreSQL without queue caps: one statement per queue pattern (see pg_claims)."""
     paused = Pause.objects.using(db).values("queue_name")
@@ -149,7 +155,7 @@ def claim_in_one_statement(
             if len(jobs) >= limit:
                 break
             jobs += pg_claims.claim_matching(
-                db, process_id, condition, paused, limit - len(jobs), now
+                db, process_id, condition, paused, limit - len(jobs), now, worker_id
             )
     return jobs
 
@@ -502,16 +508,49 @@ def fail_job(
     *,
     worker_id: str = "",
     retry: bool = True,
+    never_ran: bool = False,
 ) -> FailOutcome | None:
     """Record a failed attempt; retry after the backoff while attempts remain.
 
+    ``never_ran``: the caller (the job's worker) knows its body never ran (its
+    task could not be imported): a start counted by the claim is undone first.
     Returns None if this process no longer holds the job.
     """
     with transaction.atomic(using=db):
         claim = lock_own_claim(db, job_id, process_id)
         if claim is None:
             return None
+        if never_ran:
+            undo_start(db, job_id)
         return fail_claimed(db, claim, error, worker_id=worker_id, retry=retry)
+
+
+def undo_start(db: str, job_id: int) -> None:
+    """Uncount the start of a job whose body never ran; its caller holds its claim's lock.
+
+    On PostgreSQL a worker's claim starts the jobs it claims (``claim_jobs``).
+    When that worker then does not run one (a stop began, its task cannot be
+    imported, its claim's commit seemed lost) the attempt was never made, so it
+    is taken back: attempts are real starts (DESIGN.md invariant 4). A job that
+    is not ``RUNNING`` was never started and is left as it is. The previous
+    attempt's ``last_attempted_at``, overwritten by the claim, is not restored.
+    """
+    job = (
+        Job.objects.using(db)
+        .filter(pk=job_id, status=JobStatus.RUNNING)
+        .only("pk", "attempts", "worker_ids", "started_at", "last_attempted_at")
+        .first()
+    )
+    if job is None:
+        return
+    attempts = max(0, job.attempts - 1)
+    Job.objects.using(db).filter(pk=job_id).update(
+        status=JobStatus.CLAIMED,
+        attempts=attempts,
+        worker_ids=list(job.worker_ids or [])[:-1],
+        started_at=job.started_at if attempts else None,
+        last_attempted_at=job.last_attempted_at if attempts else None,
+    )
 
 
 def fail_claimed(
@@ -596,6 +635,8 @@ def release_job(db: str, job_id: int, process_id: int) -> bool:
         claim = lock_own_claim(db, job_id, process_id)
         if claim is None:
             return False
+        # Its worker hands it back unrun: a start its claim counted is taken back.
+        undo_start(db, job_id)
         release_claimed(db, claim)
     return True
 

@@ -2,7 +2,9 @@
 
 Through the ORM a claim is BEGIN, a locking SELECT, a read of the jobs, the
 claimed rows' INSERT, the ready rows' DELETE, the jobs' UPDATE and COMMIT:
-seven round trips before a job can start, and starting it is five more. On
+seven round trips before a job can start, and starting it is five more. Here a
+worker's claim starts the jobs too (one statement for both) unless their start
+needs a decision of its own. On
 PostgreSQL data-modifying CTEs do each in one statement, atomic in autocommit,
 with the same locks in the same order (ready rows with ``SKIP LOCKED``, then
 the jobs; for a start, this process's claimed rows, then the jobs), so the
@@ -25,9 +27,25 @@ from .models import ClaimedExecution, Job, JobStatus, ReadyExecution, UniqueUnti
 
 
 def claim_matching(
-    db: str, process_id: int, condition: Q, paused: QuerySet, limit: int, now: datetime
+    db: str,
+    process_id: int,
+    condition: Q,
+    paused: QuerySet,
+    limit: int,
+    now: datetime,
+    worker_id: str | None = None,
 ) -> list[Job]:
-    """Claim up to ``limit`` ready jobs matching ``condition``; return them, claimed."""
+    """Claim up to ``limit`` ready jobs matching ``condition``; return them, claimed.
+
+    With ``worker_id`` the claim is also the start of every job it can be: the
+    attempt is counted in the same UPDATE (``RUNNING``, as ``start_held`` would
+    write it), which saves the start's round trip and a second new version of
+    each job row. A job whose start needs a decision under another lock (a rate
+    limit) or that lets go of a unique key as it starts (``unique_until="start"``,
+    which a hand-back could not take back) is only claimed (``CLAIMED``) and
+    started by ``claims.start_jobs``. A worker that ends up not running a job it
+    started this way hands it back with the start undone (``claims.undo_start``).
+    """
     connection = connections[db]
     picked = (
         ReadyExecution.objects.using(db)
@@ -45,11 +63,39 @@ def claim_matching(
         quote(model._meta.db_table) for model in (Job, ReadyExecution, ClaimedExecution)
     )
     columns = ", ".join(f"{job}.{quote(f.column)}" for f in Job._meta.concrete_fields)
+    if worker_id is None:
+        moved = f"UPDATE {job} SET status = %s "
+        moved_params: list[object] = [JobStatus.CLAIMED]
+    else:
+        starts = f"({job}.rate_key IS NULL AND {job}.unique_until IS DISTINCT FROM %s)"
+        moved = (
+            f"UPDATE {job} SET "
+            f"status = CASE WHEN {starts} THEN %s ELSE %s END, "
+            f"attempts = attempts + CASE WHEN {starts} THEN 1 ELSE 0 END, "
+            f"worker_ids = CASE WHEN {starts} "
+            f"THEN COALESCE(worker_ids, '[]'::jsonb) || %s::jsonb ELSE worker_ids END, "
+            f"started_at = CASE WHEN {starts} THEN COALESCE(started_at, %s) "
+            f"ELSE started_at END, "
+            f"last_attempted_at = CASE WHEN {starts} THEN %s ELSE last_attempted_at END "
+        )
+        start = UniqueUntil.START
+        moved_params = [
+            start,
+            JobStatus.RUNNING,
+            JobStatus.CLAIMED,
+            start,
+            start,
+            json.dumps([worker_id]),
+            start,
+            now,
+            start,
+            now,
+        ]
     sql = (
         f"WITH picked AS ({picked_sql}), "
         f"taken AS (DELETE FROM {ready} WHERE job_id IN (SELECT job_id FROM picked) "
         f"RETURNING job_id), "
-        f"moved AS (UPDATE {job} SET status = %s FROM taken WHERE {job}.id = taken.job_id "
+        f"moved AS ({moved}FROM taken WHERE {job}.id = taken.job_id "
         f"RETURNING {columns}), "
         f"held AS (INSERT INTO {claimed} (job_id, process_id, queue_name, concurrency_key, "
         f"lease_expires_at, batch_id, created_at) "
@@ -58,7 +104,7 @@ def claim_matching(
         f"THEN %s + concurrency_duration * interval '1 second' END, batch_id, %s FROM moved) "
         f"SELECT * FROM moved"
     )
-    params = [*picked_params, JobStatus.CLAIMED, process_id, now, now]
+    params = [*picked_params, *moved_params, process_id, now, now]
     jobs = list(Job.objects.using(db).raw(sql, params))
     jobs.sort(key=lambda job: (-job.priority, job.pk))
     return jobs
