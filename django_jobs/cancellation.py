@@ -3,11 +3,15 @@
 The request is a column (``Job.cancel_requested_at``), set first in a statement
 of its own, so it reaches whoever holds the job next: the worker running it
 (its watchdog polls the column, see runner/watchdog.py), a worker that claims
-it an instant later, and recovery if that worker dies. A waiting job (ready,
-scheduled, blocked) is then ended in the same transaction shape as a discard:
-its key's semaphore locked first, its waiting row deleted, its slot recounted
-and the next blocked job promoted, its batch counted. It ends ``FAILED`` with a
-``JobCancelled`` error and is never retried.
+it an instant later, and recovery if that worker dies. On PostgreSQL a NOTIFY
+sent once the request has committed (``notify.cancel_requested``) makes the
+worker running the job look at once instead of at its next poll; it is only a
+hint, so losing it delays the stop by one poll interval and nothing else.
+
+A waiting job (ready, scheduled, blocked) is then ended in the same transaction
+shape as a discard: its key's semaphore locked first, its waiting row deleted,
+its slot recounted and the next blocked job promoted, its batch counted. It
+ends ``FAILED`` with a ``JobCancelled`` error and is never retried.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from django.utils import timezone
 from .discard import end_waiting_job
 from .exceptions import JobAlreadyFinished, JobNotFound
 from .models import FINISHED_STATUSES, FailedExecution, Job, JobStatus
+from .notify import cancel_requested
 
 CANCELLED_ERROR = "django_jobs.exceptions.JobCancelled"
 CANCELLED, REQUESTED = "cancelled", "requested"
@@ -50,7 +55,10 @@ def cancel_job(db: str, job_id: int) -> str:
         JobStatus.FAILED,
         lambda attempts, when: cancel_waiting(db, job_id, attempts, when),
     )
-    return CANCELLED if ended else REQUESTED
+    if ended:
+        return CANCELLED
+    cancel_requested(db, job_id)  # once committed: its worker checks now, not at its poll
+    return REQUESTED
 
 
 def record_cancelled(db: str, job_id: int, attempts: int, now: datetime, message: str) -> None:

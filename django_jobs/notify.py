@@ -1,4 +1,5 @@
-"""NOTIFY idle workers that jobs became ready, from outside the transaction that made them so.
+"""NOTIFY idle workers that jobs became ready, and busy ones that a job they run was
+cancelled, from outside the transaction that did it.
 
 PostgreSQL serialises the commits of every transaction that sent a
 notification: ``PreCommit_Notify`` takes one lock for the whole server and
@@ -23,6 +24,14 @@ nobody; each process has one notifier per database alias instead:
   transaction pooling, where a session setting would leak to other clients). A
   notification is not data: its commit need not wait for the disk, so the
   server-wide notify lock is held for microseconds, not for a WAL flush.
+
+A cancel request for a claimed or running job (``cancellation.cancel_job``)
+goes the same way: :func:`cancel_requested` registers ``on_commit``, the
+notifier sends the job ids on :data:`CANCEL_CHANNEL` (in the same statement as
+the round's ready queues, if any), and the worker running the job checks the
+database at once instead of at its next poll (``runner.watchdog``). The request
+itself is the committed column: a notification lost on the way costs that
+worker its poll interval, nothing more.
 
 Sending never blocks an enqueue and never fails one: the enqueuer only adds
 queue names to a set under a lock. A lost connection is logged once and retried
@@ -57,12 +66,13 @@ from .runner.db_retry import Backoff
 logger = logging.getLogger("django_jobs.notify")
 
 CHANNEL = "django_jobs_ready"  # what workers LISTEN on (runner.listener)
+CANCEL_CHANNEL = "django_jobs_cancel"  # ... and this, for cancel requests of running jobs
 APPLICATION_NAME = "django-jobs notifier"
 # pg_notify refuses payloads of 8000 bytes or more; a list too long to send is sent
-# as "[]", which every worker takes as "any queue".
+# as "[]", which every worker takes as "any queue" (or "look at every job you run").
 MAX_PAYLOAD = 7900
 # One statement, one transaction: the commit does not wait for the WAL flush.
-NOTIFY_SQL = "SELECT set_config('synchronous_commit', 'off', true), pg_notify(%s, %s)"
+NOTIFY_SQL = "SELECT set_config('synchronous_commit', 'off', true)"
 # Seconds between two notifications of one process at least: what is handed over
 # meanwhile goes out with the next one, and the first after a quiet spell at once. Each
 # notification wakes every listening worker process; more often than a worker can claim
@@ -103,6 +113,17 @@ def jobs_ready(db: str, queue_names: Iterable[str]) -> None:
         pass
 
 
+def cancel_requested(db: str, job_id: int) -> None:
+    """Tell the worker running job ``job_id`` of its cancel request once the current
+    transaction on ``db`` commits (the conditions of :func:`jobs_ready`)."""
+    if not enabled(db):
+        return
+    try:
+        connections[db].on_commit(partial(send_cancels, db, (job_id,)), robust=True)
+    except TransactionManagementError:
+        pass
+
+
 def enabled(db: str) -> bool:
     raw = getattr(settings, "DJANGO_JOBS", None) or {}
     return raw.get("listen_notify", True) is not False and supported(db)
@@ -118,10 +139,21 @@ def supported(db: str) -> bool:
     return bool(is_psycopg3)
 
 
-def payload(queues: Iterable[str]) -> str:
-    """The JSON list of queue names, or ``[]`` (any queue) when it would be too long."""
-    text = json.dumps(sorted(queues), separators=(",", ":"))
+def payload(items: Iterable[str] | Iterable[int]) -> str:
+    """The JSON list of queue names (or job ids), or ``[]`` (any queue, any job) when
+    it would be too long."""
+    text = json.dumps(sorted(items), separators=(",", ":"))
     return "[]" if len(text.encode()) > MAX_PAYLOAD else text
+
+
+def notify_statement(queues: set[str], cancels: set[int]) -> tuple[str, list[str]]:
+    """One statement (one transaction) notifying both channels of a round as needed."""
+    sql, params = NOTIFY_SQL, []
+    for channel, items in ((CHANNEL, queues), (CANCEL_CHANNEL, cancels)):
+        if items:
+            sql += ", pg_notify(%s, %s)"
+            params += [channel, payload(items)]
+    return sql, params
 
 
 # --- one notifier per database alias and process -----------------------------------------
@@ -137,6 +169,14 @@ def send(db: str, queues: Iterable[str]) -> None:
         notifier_for(db).send(queues)
     except Exception:  # never fail the enqueue whose commit called us
         logger.exception("could not hand ready queues to the notifier")
+
+
+def send_cancels(db: str, job_ids: Iterable[int]) -> None:
+    """Hand the ids of jobs whose cancel request committed to the notifier; never blocks."""
+    try:
+        notifier_for(db).send(cancels=job_ids)
+    except Exception:  # never fail the cancel whose commit called us
+        logger.exception("could not hand cancel requests to the notifier")
 
 
 def notifier_for(db: str) -> Notifier:
@@ -212,7 +252,8 @@ def first_line(exc: BaseException) -> str:
 
 
 class Notifier:
-    """A thread that sends the queues handed to it, coalesced, one NOTIFY per round."""
+    """A thread that sends the queues (and cancelled job ids) handed to it, coalesced,
+    one statement per round."""
 
     def __init__(
         self, params: Any, *, max_delay: float | None = None, idle_close: float = IDLE_CLOSE
@@ -226,6 +267,7 @@ class Notifier:
         self.wanted = threading.Condition(self.lock)  # something to send, or stop
         self.settled = threading.Condition(self.lock)  # a round is over
         self.pending: set[str] = set()
+        self.pending_cancels: set[int] = set()
         self.busy = False
         self.in_outage = False
         self.halted = False
@@ -236,9 +278,10 @@ class Notifier:
 
     # -- called by enqueuers (any thread) --
 
-    def send(self, queues: Iterable[str]) -> None:
+    def send(self, queues: Iterable[str] = (), *, cancels: Iterable[int] = ()) -> None:
         with self.lock:
             self.pending.update(queues)
+            self.pending_cancels.update(cancels)
             if (self.thread is None or not self.thread.is_alive()) and not self.halted:
                 self.start_thread()
             self.wanted.notify()
@@ -267,7 +310,7 @@ class Notifier:
         """
         deadline = time.monotonic() + timeout
         with self.lock:
-            while self.pending or self.busy:
+            while self.pending or self.pending_cancels or self.busy:
                 remaining = deadline - time.monotonic()
                 if self.in_outage or self.thread is None or remaining <= 0:
                     return False
@@ -285,11 +328,12 @@ class Notifier:
 
     # -- the thread --
 
-    def take(self, idle: float | None) -> set[str] | None:
-        """The queues to send next, or None when stopped or idle for ``idle`` seconds."""
+    def take(self, idle: float | None) -> tuple[set[str], set[int]] | None:
+        """The queues and cancelled job ids to send next, or None when stopped or idle
+        for ``idle`` seconds."""
         deadline = None if idle is None else time.monotonic() + idle
         with self.lock:
-            while not self.pending and not self.halted:
+            while not self.pending and not self.pending_cancels and not self.halted:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None
@@ -297,13 +341,15 @@ class Notifier:
             if self.halted:
                 return None
             queues, self.pending = self.pending, set()
+            cancels, self.pending_cancels = self.pending_cancels, set()
             self.busy = True
-            return queues
+            return queues, cancels
 
-    def settle(self, unsent: set[str] | None = None, *, outage: bool) -> None:
+    def settle(self, unsent: tuple[set[str], set[int]] | None = None, *, outage: bool) -> None:
         with self.lock:
             if unsent:
-                self.pending |= unsent
+                self.pending |= unsent[0]
+                self.pending_cancels |= unsent[1]
             self.busy = False
             self.in_outage = outage
             self.settled.notify_all()
@@ -323,8 +369,8 @@ class Notifier:
             pause = next_round - time.monotonic()
             if pause > 0:
                 self.halt.wait(pause)
-            queues = self.take(self.idle_close if connection is not None else None)
-            if queues is None:
+            taken = self.take(self.idle_close if connection is not None else None)
+            if taken is None:
                 connection = close(connection)
                 if self.halted:
                     return
@@ -333,10 +379,10 @@ class Notifier:
             try:
                 if connection is None:
                     connection = self.connect()
-                connection.execute(NOTIFY_SQL, [CHANNEL, payload(queues)])
+                connection.execute(*notify_statement(*taken))
             except Exception as exc:  # psycopg.Error, or anything: never die silently
                 connection = close(connection)
-                self.settle(queues, outage=True)
+                self.settle(taken, outage=True)
                 if self.halted:
                     return
                 if outage_since is None:

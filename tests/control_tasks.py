@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -10,8 +11,8 @@ from django_jobs import Snooze, cancel_requested, task
 from testproject.demo.models import AuditEvent
 
 
-def audit(context, key: str = "control") -> None:
-    AuditEvent.objects.create(
+def audit(context, key: str = "control") -> AuditEvent:
+    return AuditEvent.objects.create(
         job_id=int(context.task_result.id),
         key=key,
         limit=1,
@@ -19,6 +20,22 @@ def audit(context, key: str = "control") -> None:
         pid=os.getpid(),
         started=time.time(),
     )
+
+
+async def audit_async(context) -> AuditEvent:
+    return await AuditEvent.objects.acreate(
+        job_id=int(context.task_result.id),
+        key="control",
+        limit=1,
+        attempt=context.attempt,
+        pid=os.getpid(),
+        started=time.time(),
+    )
+
+
+async def cancelled_at(event: AuditEvent) -> None:
+    """Its ``ended``: when the task's await raised CancelledError (asyncio's own stop)."""
+    await AuditEvent.objects.filter(pk=event.pk).aupdate(ended=time.time())
 
 
 @task(takes_context=True, max_attempts=3)
@@ -79,3 +96,39 @@ def snoozes_once(context, seconds: float) -> int:
     if context.attempt == 1:
         raise Snooze(seconds)
     return context.attempt
+
+
+@task(takes_context=True, max_attempts=3)
+async def sleeps_async(context, seconds: float = 60.0) -> str:
+    """An async task in one long await; cleans up (records when) if it is cancelled."""
+    event = await audit_async(context)
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        await cancelled_at(event)
+        raise
+    return "slept"
+
+
+@task(takes_context=True, max_attempts=2, timeout=1)
+async def too_slow_async(context) -> str:
+    event = await audit_async(context)
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        await cancelled_at(event)
+        raise
+    return "never"
+
+
+@task(takes_context=True, max_attempts=3)
+async def swallows_cancel(context, seconds: float = 60.0) -> str:
+    """Catches CancelledError and goes on awaiting: only its process's exit stops it."""
+    event = await audit_async(context)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            await asyncio.sleep(deadline - time.monotonic())
+        except asyncio.CancelledError:
+            await cancelled_at(event)
+    return "ran to the end"

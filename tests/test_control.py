@@ -3,11 +3,16 @@ ones with real ``run_jobs`` processes, on every database."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.tasks.exceptions import InvalidTask
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import Snooze, cancel, enqueue_batch
@@ -24,6 +29,9 @@ from django_jobs.models import (
 )
 from django_jobs.processes import register_process
 from django_jobs.queues import QueueSelector
+from django_jobs.runner.executor import run_async_body
+from django_jobs.runner.watchdog import CANCELLED as CANCEL_REASON
+from django_jobs.runner.watchdog import Control, Watchdog, current_control
 from testproject.demo.models import AuditEvent
 from tests import control_tasks, tasks
 from tests.harness import error_paths, job_row, wait_until
@@ -168,6 +176,63 @@ def test_bad_timeouts_are_refused_when_declared():
     assert jobs_task(tasks.add.func, timeout=timedelta(seconds=2)).timeout == timedelta(seconds=2)
 
 
+# --- the watchdog, driven by hand ----------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_notified_cancel_is_checked_at_once_even_before_the_job_starts():
+    """The listener hands the watchdog the ids of cancelled jobs: one it runs is looked up
+    at once; one it does not (yet) run costs no query, but is looked up as it starts
+    here, because the claim read the job's row before the request."""
+    worker = register_process("default", "worker")
+    ours, not_yet_watched = tasks.add.enqueue(1, 2), tasks.add.enqueue(3, 4)
+    first, second = claim_jobs("default", worker.pk, QueueSelector(("*",)), 2)
+    start_jobs("default", [first, second], worker.pk, worker.name)
+    watchdog = Watchdog("default", grace=5.0, on_stuck=lambda job_id: None)
+    watchdog.next_poll = time.monotonic() + 3600  # only a notification makes it look
+    running = watchdog.watch(first)
+    assert cancel(ours.id) == cancel(not_yet_watched.id) == "requested"
+
+    watchdog.tick(time.monotonic())
+    assert not running.requested.is_set(), "the poll is an hour away: nothing looked"
+    with CaptureQueriesContext(connection) as queries:
+        watchdog.notified([second.pk])  # not running here yet: remembered, no query
+        watchdog.tick(time.monotonic())
+    assert (len(queries), running.requested.is_set()) == (0, False)
+    with CaptureQueriesContext(connection) as queries:
+        watchdog.notified([first.pk])
+        watchdog.tick(time.monotonic())
+    assert (len(queries), running.reason) == (1, CANCEL_REASON)
+
+    # The second job's row, read at its claim, says nothing of the request.
+    assert second.cancel_requested_at is None
+    later = watchdog.watch(second)
+    assert later.reason is None
+    watchdog.tick(time.monotonic())
+    assert later.reason == CANCEL_REASON and later.requested.is_set()
+
+
+def test_an_async_body_cancelled_before_it_began_is_cancelled_as_it_begins():
+    """The watchdog may decide (a timeout, a cancel) in the instant between the job's
+    start and its event loop running the body: the cancel is kept and sent by attach."""
+    lock = threading.Lock()
+    control = Control(
+        1, threading.get_ident(), time.monotonic(), None, asynchronous=True, lock=lock
+    )
+    control.stop(CANCEL_REASON, time.monotonic())
+    with lock:
+        control.fire(control.exception(), time.monotonic())  # no task yet: nothing sent
+    token = current_control.set(control)
+    began = time.monotonic()
+    try:
+        with pytest.raises(asyncio.CancelledError, match="job 1 cancelled"):
+            run_async_body(asyncio.sleep, 60)
+    finally:
+        current_control.reset(token)
+    assert time.monotonic() - began < 5
+    assert (control.loop, control.task) == (None, None)  # detached as the body ended
+
+
 # --- running jobs: real worker processes ---------------------------------------------
 
 FAST_GRACE = {"JOBS_INTERRUPT_GRACE": "0.5"}
@@ -242,5 +307,77 @@ def test_a_job_stuck_in_c_keeps_its_slot_until_its_process_is_gone(run_jobs):
     # by the worker itself on its way out (that would have been WorkerShutdown).
     assert "could not be interrupted" in FailedExecution.objects.get(job_id=job.pk).message
     assert "exited, leaving a job it could not interrupt" in proc.output()
+    proc.send(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+# --- async tasks: asyncio cancellation -------------------------------------------------
+
+SLOW_GRACE = {"JOBS_INTERRUPT_GRACE": "10"}  # the forced path would take 10 s or more
+
+
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
+def test_a_running_async_job_is_cancelled_through_asyncio_at_once(run_jobs):
+    """``await asyncio.sleep(60)`` ends with CancelledError as soon as the worker sees the
+    request (its next poll, 1 s, or a NOTIFY on PostgreSQL), not after the 10 s grace;
+    the task's own cleanup runs; one attempt, JobCancelled, no retry (max_attempts=3)."""
+    result = control_tasks.sleeps_async.enqueue()
+    proc = run_jobs("--processes", "1", "--threads", "2", env=SLOW_GRACE)
+    event = started(result, proc)
+    began = time.monotonic()
+    assert cancel(result.id) == "requested"
+    wait_until(lambda: job_row(result).status == JobStatus.FAILED, 20, what="cancelled")
+    took = time.monotonic() - began
+    assert took < 3.0, f"{took:.2f}s from cancel() to the end"
+    assert (job_row(result).attempts, error_paths(result)) == (1, [CANCELLED])
+    error = FailedExecution.objects.get(job_id=int(result.id))
+    assert "it raised CancelledError: django-jobs: job" in error.message, error.message
+    event.refresh_from_db()
+    assert event.ended is not None, "the task's except CancelledError did not run"
+    assert f"job {result.id} cancelled: cancelling its asyncio task" in proc.output()
+    assert "interrupting its thread" not in proc.output()
+    proc.send(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
+def test_an_async_job_past_its_timeout_is_cancelled_and_retried(run_jobs):
+    """timeout=1: each attempt's ``asyncio.sleep(60)`` is cancelled at 1 s (not at the
+    10 s grace), recorded JobTimeout and retried while attempts remain (max_attempts=2)."""
+    result = control_tasks.too_slow_async.enqueue()
+    proc = run_jobs("--processes", "1", "--threads", "2", env=SLOW_GRACE)
+    wait_until(lambda: job_row(result).status == JobStatus.FAILED, 40, what="both attempts")
+    assert (job_row(result).attempts, error_paths(result)) == (2, [TIMEOUT, TIMEOUT])
+    events = list(AuditEvent.objects.filter(job_id=int(result.id)).order_by("started"))
+    assert len(events) == 2
+    for event in events:
+        assert event.ended is not None
+        assert 0.9 < event.ended - event.started < 3.0, event.ended - event.started
+    for error in FailedExecution.objects.filter(job_id=int(result.id)):
+        assert "timed out: still running after its timeout of 1s" in error.message
+        assert "it raised CancelledError" in error.message
+    proc.send(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
+def test_an_async_job_that_swallows_its_cancellation_is_left_to_recovery(run_jobs):
+    """It catches CancelledError and awaits on: the stuck path, as for a body stuck in C.
+    Its process exits without settling it; recovery records it cancelled, not retried."""
+    result = control_tasks.swallows_cancel.enqueue()
+    proc = run_jobs("--processes", "1", "--threads", "2", env=FAST_GRACE)
+    event = started(result, proc)
+    assert cancel(result.id) == "requested"
+    wait_until(lambda: job_row(result).status == JobStatus.FAILED, 40, what="recovered")
+    job = job_row(result)
+    assert (job.attempts, error_paths(result)) == (1, [CANCELLED])
+    message = FailedExecution.objects.get(job_id=job.pk).message
+    assert message.startswith("cancelled; ") and "could not be interrupted" in message, message
+    event.refresh_from_db()
+    assert event.ended is not None, "it never saw CancelledError"
+    assert "after its asyncio task was cancelled" in proc.output()
     proc.send(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()

@@ -1,4 +1,5 @@
-"""LISTEN/NOTIFY on PostgreSQL: an idle worker wakes at once when a job becomes ready.
+"""LISTEN/NOTIFY on PostgreSQL: an idle worker wakes at once when a job becomes ready,
+and a busy one looks at once when a job it runs is cancelled.
 
 Who notifies: ``django_jobs.notify``. Code that makes jobs ready hands their
 queues to a per-process notifier once the transaction commits, and its thread
@@ -10,8 +11,9 @@ any wait here, so a job they start within seconds was found because of a
 notification. To prove it, each of them first makes a job ready without a
 notification (``listen_notify`` off in this process) and sees it stay ready,
 then makes another ready with notifications on and sees both start: the only
-thing that changed is the notification. Other databases have no notifier and no
-listener; they only poll.
+thing that changed is the notification. The cancel test does the same with a
+worker that looks for cancel requests every 30 s (``tests/slow_cancel_poll.py``).
+Other databases have no notifier and no listener; they only poll.
 """
 
 from __future__ import annotations
@@ -38,24 +40,28 @@ from django.db import connection, connections, transaction
 from django.tasks import default_task_backend
 from django.test import override_settings
 
-from django_jobs import bulk_enqueue, notify
+from django_jobs import bulk_enqueue, cancel, notify
 from django_jobs.admission import make_ready
 from django_jobs.checks import backend_checks
+from django_jobs.claims import claim_jobs, start_jobs
 from django_jobs.conf import JobsSettings
 from django_jobs.models import Job, JobStatus
-from django_jobs.notify import Notifier
+from django_jobs.notify import CANCEL_CHANNEL, Notifier
+from django_jobs.processes import register_process
 from django_jobs.queues import QueueSelector
 from django_jobs.runner.lifecycle import Lifecycle
 from django_jobs.runner.listener import (
     APPLICATION_NAME,
     CHANNEL,
     Listener,
+    cancelled_ids,
     connection_params,
     start_listener,
 )
-from tests import tasks
+from testproject.demo.models import AuditEvent
+from tests import control_tasks, tasks
 from tests.factories import JobFactory
-from tests.harness import REPO_ROOT, database_url, job_row, wait_until
+from tests.harness import REPO_ROOT, database_url, error_paths, job_row, wait_until
 from tests.proxy import CuttableProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -171,13 +177,13 @@ def assert_a_notification_wakes_the_idle_worker() -> None:
 
 
 @contextlib.contextmanager
-def raw_listener() -> Iterator[Any]:
-    """A psycopg connection of the test's own, LISTENing on the channel."""
+def raw_listener(channel: str = CHANNEL) -> Iterator[Any]:
+    """A psycopg connection of the test's own, LISTENing on ``channel``."""
     import psycopg
 
     params = {**connection_params("default"), "application_name": "django-jobs test"}
     with psycopg.connect(**params) as raw:
-        raw.execute(f"LISTEN {CHANNEL}")
+        raw.execute(f"LISTEN {channel}")
         yield raw
 
 
@@ -205,6 +211,29 @@ def queues_notified(raw: Any) -> set[str]:
     """
     named = {queue for _, queues in received_until(raw) for queue in queues}
     return named - {SENTINEL}
+
+
+def running_jobs(count: int) -> list[Job]:
+    """``count`` jobs claimed and started by a registered worker process (no thread runs
+    them: cancelling one only asks)."""
+    worker = register_process("default", "worker")
+    for n in range(count):
+        tasks.add.enqueue(n, n)
+    jobs = claim_jobs("default", worker.pk, QueueSelector(("*",)), count)
+    return start_jobs("default", jobs, worker.pk, worker.name)
+
+
+def cancels_until(raw: Any, sentinel: int, timeout: float = 10) -> list[tuple[Any, list[int]]]:
+    """Cancel notifications received, in order, up to the first naming job ``sentinel``."""
+    received: list[tuple[Any, list[int]]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for notification in raw.notifies(timeout=0.2):
+            assert notification.channel == CANCEL_CHANNEL
+            received.append((notification, json.loads(notification.payload)))
+            if sentinel in received[-1][1]:
+                return received
+    raise AssertionError(f"no cancel notification naming job {sentinel}; got {received}")
 
 
 def enqueue_sentinel() -> None:
@@ -294,6 +323,43 @@ def test_the_payload_names_the_queues_or_any_queue_when_too_long():
     assert json.loads(notify.payload({"emails", "default"})) == ["default", "emails"]
     many = {f"{i:03}-" + "q" * 120 for i in range(70)}  # ~8,800 bytes as JSON
     assert notify.payload(many) == "[]"  # any queue: every worker wakes
+    assert json.loads(notify.payload({12, 3})) == [3, 12]  # cancelled job ids
+    assert notify.payload(set(range(10**9, 10**9 + 1000))) == "[]"  # every worker looks
+
+
+def test_a_cancel_payload_names_job_ids_or_asks_to_look_at_every_job():
+    assert cancelled_ids("[3,12]") == [3, 12]
+    for anything in ("[]", "not json", '{"a": 1}', '["3"]', "[true]", "[1.5]", "null"):
+        assert cancelled_ids(anything) is None, anything
+
+
+@postgres_only
+def test_a_cancel_of_a_running_job_is_notified_after_commit_and_never_on_rollback():
+    """Only a job that runs somewhere is notified: a waiting one ends in the cancel itself.
+    The ids go out on their own channel, from the notifier's connection."""
+    kept, rolled_back, sentinel = running_jobs(3)
+    waiting = tasks.add.enqueue(9, 9)
+    with raw_listener(CANCEL_CHANNEL) as raw:
+        canceller = backend_pid()
+        with transaction.atomic():
+            assert cancel(kept.pk) == "requested"
+            assert list(raw.notifies(timeout=0.5)) == [], "notified before the commit"
+        ((notification, ids),) = cancels_until(raw, kept.pk)
+        assert ids == [kept.pk]
+        assert notification.pid in notifier_backends() and notification.pid != canceller
+
+        with contextlib.suppress(ZeroDivisionError), transaction.atomic():
+            assert cancel(rolled_back.pk) == "requested"
+            1 / 0  # noqa: B018
+        assert job_row(rolled_back).cancel_requested_at is None
+        assert cancel(waiting.id) == "cancelled"
+        assert cancel(sentinel.pk) == "requested"
+        assert [ids for _, ids in cancels_until(raw, sentinel.pk)] == [[sentinel.pk]]
+
+        with notify_off():
+            assert cancel(rolled_back.pk) == "requested"
+        assert cancel(sentinel.pk) == "requested"  # asked again: notified again
+        assert [ids for _, ids in cancels_until(raw, sentinel.pk)] == [[sentinel.pk]]
 
 
 @postgres_only
@@ -525,6 +591,30 @@ def test_a_listener_wakes_its_worker_only_for_queues_it_serves():
     assert listener.wanted("not json")  # not ours to judge: wake
 
 
+@postgres_only
+def test_a_listener_hands_cancelled_job_ids_to_the_watchdog():
+    """On connecting it asks for a check of every running job (a cancel sent before its
+    LISTEN reached nobody), then passes on each cancel notification; ready ones it does
+    not."""
+    heard: list[list[int] | None] = []
+    listener = start_listener(
+        JobsSettings.load(), QueueSelector(("*",)), Lifecycle(), on_cancel=heard.append
+    )
+    assert listener is not None
+    try:
+        wait_until(lambda: heard == [None], what="the check asked for on connecting")
+        settled_listener()
+        (job,) = running_jobs(1)
+        tasks.add.enqueue(1, 1)  # a ready notification: not the watchdog's business
+        assert cancel(job.pk) == "requested"
+        wait_until(lambda: heard == [None, [job.pk]], what="the cancelled job's id")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [CANCEL_CHANNEL, "garbage"])
+        wait_until(lambda: heard == [None, [job.pk], None], what="a check of every job")
+    finally:
+        listener.stop()
+
+
 def test_no_listener_on_other_databases_or_when_turned_off():
     lifecycle = Lifecycle()
     selector = QueueSelector(("*",))
@@ -664,3 +754,45 @@ def test_a_finish_that_admits_a_blocked_job_wakes_another_worker(run_jobs, tmp_p
     assert waiting.started_at >= holder.finished_at
     assert waiting.started_at - holder.finished_at < timedelta(seconds=WAKE)
     assert waiting.worker_ids != holder.worker_ids
+
+
+@postgres_only
+@pytest.mark.workers
+def test_a_cancel_reaches_a_busy_worker_at_once_through_notify(run_jobs):
+    """The worker looks for cancel requests every 30 s by itself. A cancel made without a
+    NOTIFY waits for that; a notified one stops its job (an async task in
+    ``asyncio.sleep(60)``) within a couple of seconds, and the check it causes finds the
+    silent one too. The 10 s grace keeps the forced path out of it."""
+    proc = run_jobs(
+        "--threads",
+        "2",
+        env={"DJANGO_SETTINGS_MODULE": "tests.slow_cancel_poll", "JOBS_INTERRUPT_GRACE": "10"},
+    )
+    silent = control_tasks.until_cancelled.enqueue()
+    notified = control_tasks.sleeps_async.enqueue()
+    for result in (silent, notified):
+        wait_until(
+            lambda result=result: AuditEvent.objects.filter(job_id=int(result.id)).exists(),
+            30,
+            what=f"job {result.id} started",
+        )
+    settled_listener()
+    with notify_off():
+        assert cancel(silent.id) == "requested"
+    holds_for(
+        lambda: job_row(silent).status == JobStatus.RUNNING,
+        2.0,
+        "a cancel without a NOTIFY waits for the worker's 30 s poll",
+    )
+    began = time.monotonic()
+    assert cancel(notified.id) == "requested"
+    wait_until(lambda: job_row(notified).status == JobStatus.FAILED, WAKE, what="the NOTIFY")
+    took = time.monotonic() - began
+    assert took < 2.0, f"{took:.2f}s from cancel() to the job's end"
+    wait_until(lambda: job_row(silent).status == JobStatus.FAILED, 2, what="the same check")
+    for result in (silent, notified):
+        assert (job_row(result).attempts, error_paths(result)) == (
+            1,
+            ["django_jobs.exceptions.JobCancelled"],
+        )
+    assert "and cancel requests (channel django_jobs_cancel)" in proc.output()

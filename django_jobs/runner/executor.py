@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from inspect import iscoroutinefunction
+from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import close_old_connections
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
@@ -130,16 +134,45 @@ def snooze(
     task_finished.send(type(task.get_backend()), task_result=result)
 
 
+def is_async(task: Task) -> bool:
+    """An ``async def`` task (the test ``Task.call`` makes to pick ``async_to_sync``)."""
+    return iscoroutinefunction(task.func)
+
+
 @traced_execution  # OpenTelemetry, when installed: the run's span (django_jobs/tracing.py)
 def call_task(task: Task, job: Job, result: TaskResult) -> object:
     """The task's function, called with the job as the running one (for nested batches)."""
     running = current_job_id.set(job.pk)
     try:
-        if task.takes_context:
-            return task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
-        return task.call(*job.args, **job.kwargs)
+        args = [TaskContext(task_result=result), *job.args] if task.takes_context else job.args
+        if is_async(task):
+            return run_async_body(task.func, *args, **job.kwargs)
+        return task.call(*args, **job.kwargs)
     finally:
         current_job_id.reset(running)
+
+
+def run_async_body(
+    func: Callable[..., Coroutine[Any, Any, object]], *args: object, **kwargs: object
+) -> object:
+    """Run an ``async def`` body as ``Task.call`` does (``async_to_sync``: an event loop
+    in a thread of its own, this thread serving its thread-sensitive sync calls such as
+    the ORM's), with its asyncio task handed to the watchdog so that a cancel or a
+    timeout cancels it. Its ``CancelledError`` comes out here like any exception."""
+    control = current_control.get()
+
+    async def body() -> object:
+        if control is not None:
+            task = asyncio.current_task()
+            assert task is not None  # async_to_sync runs us in a task
+            control.attach(asyncio.get_running_loop(), task)
+        try:
+            return await func(*args, **kwargs)
+        finally:
+            if control is not None:
+                control.detach()
+
+    return async_to_sync(body)()
 
 
 def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> None:
@@ -152,7 +185,13 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
             ctx,
             f"failing job {job.pk}",
             lambda: fail_job(
-                ctx.db, job.pk, ctx.process_id, error, worker_id=ctx.worker_id, retry=False
+                ctx.db,
+                job.pk,
+                ctx.process_id,
+                error,
+                worker_id=ctx.worker_id,
+                retry=False,
+                never_ran=True,  # a start its claim counted is taken back
             ),
         )
         return
@@ -176,7 +215,8 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
     task_started.send(type(task.get_backend()), task_result=result)
     logger.info("job started %s", describe(job))
     began = time.monotonic()
-    control = ctx.watchdog.watch(job) if ctx.watchdog is not None else None
+    watchdog = ctx.watchdog
+    control = watchdog.watch(job, asynchronous=is_async(task)) if watchdog is not None else None
     token = current_control.set(control)
     try:
         try:

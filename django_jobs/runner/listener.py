@@ -1,15 +1,20 @@
-"""LISTEN for ready jobs on PostgreSQL, so an idle worker wakes at once instead of at its next poll.
+"""LISTEN for ready jobs and cancel requests on PostgreSQL, so a worker acts at once
+instead of at its next poll.
 
 Whatever makes a job ready (enqueue, promotion, retry, hand-back) has
 ``django_jobs.notify`` NOTIFY :data:`CHANNEL` once its transaction has
 committed, and never if it rolled back. The payload is the JSON list of the
-queues made ready (``[]``: any queue).
+queues made ready (``[]``: any queue). A cancel request for a claimed or
+running job is sent on :data:`CANCEL_CHANNEL` the same way, with the JSON list
+of the job ids (``[]``: some jobs, too many to name).
 
 One daemon thread per worker process holds its own connection (never one of
-Django's: LISTEN needs a session of its own, idle between notifications) and
-sets the worker's wake event for each notification about a queue it serves.
-Polling goes on underneath: if the connection is lost, the worker simply keeps
-polling while this thread reconnects with a backoff, logging once per outage.
+Django's: LISTEN needs a session of its own, idle between notifications), sets
+the worker's wake event for each notification about a queue it serves, and
+hands cancelled job ids to the process's watchdog (``watchdog.cancel_notified``),
+which checks the database at once if it runs one of them. Polling goes on
+underneath for both: if the connection is lost, the worker simply keeps polling
+while this thread reconnects with a backoff, logging once per outage.
 """
 
 from __future__ import annotations
@@ -19,15 +24,17 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Collection
 from typing import Any
 
 from django.db import connections
 
 from ..conf import JobsSettings
-from ..notify import CHANNEL, first_line, own_connection_params
+from ..notify import CANCEL_CHANNEL, CHANNEL, first_line, own_connection_params
 from ..queues import QueueSelector
 from .db_retry import Backoff
 from .lifecycle import Lifecycle
+from .watchdog import cancel_notified
 
 logger = logging.getLogger("django_jobs.listener")
 
@@ -37,6 +44,8 @@ STOP_CHECK_INTERVAL = 0.5
 # A connection that stayed up this long ends an outage: the next loss starts the
 # backoff from its first step again (a connection that drops at once does not).
 STABLE_AFTER = 30.0
+
+OnCancel = Callable[[Collection[int] | None], None]
 
 
 def listen_alias(conf: JobsSettings) -> str | None:
@@ -52,9 +61,14 @@ def listen_alias(conf: JobsSettings) -> str | None:
 
 
 def start_listener(
-    conf: JobsSettings, selector: QueueSelector, lifecycle: Lifecycle
+    conf: JobsSettings,
+    selector: QueueSelector,
+    lifecycle: Lifecycle,
+    *,
+    on_cancel: OnCancel = cancel_notified,
 ) -> Listener | None:
-    """Start listening for ``selector``'s queues if the database and settings allow it."""
+    """Start listening for ``selector``'s queues (and cancel requests, for ``on_cancel``:
+    by default this process's watchdogs) if the database and settings allow it."""
     alias = listen_alias(conf)
     if alias is None:
         if conf.listen_notify is False and connections[conf.database].vendor == "postgresql":
@@ -70,6 +84,7 @@ def start_listener(
         lifecycle,
         polling_interval=conf.polling_interval,
         max_delay=conf.db_retry_max_delay,
+        on_cancel=on_cancel,
     )
     listener.start()
     return listener
@@ -89,10 +104,12 @@ class Listener:
         *,
         polling_interval: float,
         max_delay: float,
+        on_cancel: OnCancel = cancel_notified,
     ) -> None:
         self.params = params
         self.selector = selector
         self.lifecycle = lifecycle
+        self.on_cancel = on_cancel
         self.polling_interval = polling_interval
         self.backoff = Backoff(max_delay)
         self.halt = threading.Event()
@@ -116,18 +133,26 @@ class Listener:
             connection = None
             try:
                 connection = psycopg.connect(**self.params)
+                # CHANNEL last: a session whose last statement is its LISTEN listens on both.
+                connection.execute(f"LISTEN {CANCEL_CHANNEL}")
                 connection.execute(f"LISTEN {CHANNEL}")
                 if outage_since is None:
-                    logger.info("listening for ready jobs (channel %s)", CHANNEL)
+                    logger.info(
+                        "listening for ready jobs (channel %s) and cancel requests (channel %s)",
+                        CHANNEL,
+                        CANCEL_CHANNEL,
+                    )
                 else:
                     logger.info(
                         "listening for ready jobs again, after %.1fs of polling only",
                         time.monotonic() - outage_since,
                     )
                     outage_since = None
-                # A job made ready before LISTEN took effect sent its notification to
-                # nobody: one claim now finds it (everything later is notified).
+                # A job made ready, or a running job cancelled, before LISTEN took effect
+                # sent its notification to nobody: one claim and one check now find
+                # them (everything later is notified).
                 self.lifecycle.wake.set()
+                self.on_cancel(None)
                 self.receive(connection)
             except Exception as exc:  # psycopg.Error, or anything: never die silently
                 if self.stopped():
@@ -148,11 +173,14 @@ class Listener:
                     connection.close()
 
     def receive(self, connection: Any) -> None:
-        """Wake the worker for each notification about one of its queues, until stopped."""
+        """Wake the worker for each notification about one of its queues, and pass on
+        each about cancelled jobs, until stopped."""
         connected_at = time.monotonic()
         while not self.stopped():
             for notify in connection.notifies(timeout=STOP_CHECK_INTERVAL):
-                if self.wanted(notify.payload):
+                if notify.channel == CANCEL_CHANNEL:
+                    self.on_cancel(cancelled_ids(notify.payload))
+                elif self.wanted(notify.payload):
                     self.lifecycle.wake.set()
             if time.monotonic() - connected_at > STABLE_AFTER:
                 self.backoff.reset()
@@ -166,3 +194,17 @@ class Listener:
         if not isinstance(queues, list) or not queues:
             return True
         return any(not isinstance(q, str) or self.selector.matches(q) for q in queues)
+
+
+def cancelled_ids(payload: str) -> list[int] | None:
+    """The job ids a cancel notification names, or None (look at every job) for ``[]``
+    or anything else than a list of integers: not ours to judge, so check."""
+    try:
+        ids = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(ids, list) or not ids:
+        return None
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return None
+    return ids
