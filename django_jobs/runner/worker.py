@@ -189,15 +189,27 @@ class Worker:
     def claim_and_submit(self, limit: int) -> int:
         """Claim, count the attempts of the claimed jobs in one transaction, run them.
 
-        A job whose task cannot be imported, or claimed as a stop began, is left
-        unstarted: its thread fails it without counting an attempt, or hands it back.
+        On PostgreSQL the claim itself counts the attempts of most jobs (see
+        ``claims.claim_jobs``); the others are started here in one transaction.
+        A job whose task cannot be imported, or claimed as a stop began, is not
+        run: its thread fails it, or hands it back, with any start the claim
+        counted taken back, so it costs no attempt.
         """
-        jobs = claim_jobs(self.db, self.process_id, self.selector, limit, self.conf.max_concurrency)
+        jobs = claim_jobs(
+            self.db,
+            self.process_id,
+            self.selector,
+            limit,
+            self.conf.max_concurrency,
+            worker_id=self.ctx.worker_id,
+        )
         with self.lock:
             for job in jobs:
                 self.running[job.pk] = job
-        startable = [] if self.lifecycle.stopping.is_set() else [j for j in jobs if importable(j)]
-        started = {job.pk for job in start_claimed(startable, self.ctx)}
+        runnable = [] if self.lifecycle.stopping.is_set() else [j for j in jobs if importable(j)]
+        started = {job.pk for job in runnable if job.status == JobStatus.RUNNING}
+        startable = [job for job in runnable if job.status == JobStatus.CLAIMED]
+        started |= {job.pk for job in start_claimed(startable, self.ctx)}
         if self.recycle is not None:
             self.recycle.count(len(jobs))
         lost = {job.pk for job in startable} - started
