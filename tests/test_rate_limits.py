@@ -335,6 +335,7 @@ def starts_by_key(ids: list[int]) -> dict[str, list[float]]:
     return by_key
 
 
+@pytest.mark.workers
 def test_workers_under_load_never_start_more_than_n_in_any_window(run_jobs):
     """Two processes of four threads, 90 jobs over three keys at 3 per second: every
     job runs once, without a wasted attempt, and no second holds more than three
