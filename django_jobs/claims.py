@@ -145,7 +145,6 @@ def claim_in_one_statement(
     db: str, process_id: int, selector: QueueSelector, limit: int, worker_id: str | None = None
 ) -> list[Job]:
     """PostgreSQL without queue caps: one statement per queue pattern (see pg_claims)."""
-    paused = Pause.objects.using(db).values("queue_name")
     now = timezone.now()
     patterns = list(selector.conditions())
     # One pattern (the usual "*") is one atomic statement; several share a transaction.
@@ -155,7 +154,7 @@ def claim_in_one_statement(
             if len(jobs) >= limit:
                 break
             jobs += pg_claims.claim_matching(
-                db, process_id, condition, paused, limit - len(jobs), now, worker_id
+                db, process_id, condition, limit - len(jobs), now, worker_id
             )
     return jobs
 

@@ -17,25 +17,26 @@ slots (``pg_admission``).
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 
 from django.db import connections
-from django.db.models import Q, QuerySet
+from django.db.models import Q
 
-from .models import ClaimedExecution, Job, JobStatus, ReadyExecution, UniqueUntil
+from .models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution, UniqueUntil
 
 
 def claim_matching(
     db: str,
     process_id: int,
     condition: Q,
-    paused: QuerySet,
     limit: int,
     now: datetime,
     worker_id: str | None = None,
 ) -> list[Job]:
-    """Claim up to ``limit`` ready jobs matching ``condition``; return them, claimed.
+    """Claim up to ``limit`` ready jobs matching ``condition`` in unpaused queues;
+    return them, claimed.
 
     With ``worker_id`` the claim is also the start of every job it can be: the
     attempt is counted in the same UPDATE (``RUNNING``, as ``start_held`` would
@@ -46,7 +47,42 @@ def claim_matching(
     started by ``claims.start_jobs``. A worker that ends up not running a job it
     started this way hands it back with the start undone (``claims.undo_start``).
     """
+    sql, picked_params = claim_statement(db, condition, limit, worker_id is not None)
+    if worker_id is None:
+        moved_params: list[object] = [JobStatus.CLAIMED]
+    else:
+        start = UniqueUntil.START
+        moved_params = [
+            start,
+            JobStatus.RUNNING,
+            JobStatus.CLAIMED,
+            start,
+            start,
+            json.dumps([worker_id]),
+            start,
+            now,
+            start,
+            now,
+        ]
+    params = [*picked_params, *moved_params, process_id, now, now]
     connection = connections[db]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    jobs = [job_from_row(db, connection, row) for row in rows]
+    jobs.sort(key=lambda job: (-job.priority, job.pk))
+    return jobs
+
+
+@functools.lru_cache(maxsize=256)
+def claim_statement(
+    db: str, condition: Q, limit: int, starts: bool
+) -> tuple[str, tuple[object, ...]]:
+    """The claim's SQL and the parameters of its ``picked`` part, built once per
+    pattern, batch size and mode: compiling the queryset on every claim cost more
+    than the statement's execution (a claim is what bounds a worker's rate)."""
+    connection = connections[db]
+    paused = Pause.objects.using(db).values("queue_name")
     picked = (
         ReadyExecution.objects.using(db)
         .filter(condition)
@@ -63,34 +99,20 @@ def claim_matching(
         quote(model._meta.db_table) for model in (Job, ReadyExecution, ClaimedExecution)
     )
     columns = ", ".join(f"{job}.{quote(f.column)}" for f in Job._meta.concrete_fields)
-    if worker_id is None:
+    if not starts:
         moved = f"UPDATE {job} SET status = %s "
-        moved_params: list[object] = [JobStatus.CLAIMED]
     else:
-        starts = f"({job}.rate_key IS NULL AND {job}.unique_until IS DISTINCT FROM %s)"
+        starting = f"({job}.rate_key IS NULL AND {job}.unique_until IS DISTINCT FROM %s)"
         moved = (
             f"UPDATE {job} SET "
-            f"status = CASE WHEN {starts} THEN %s ELSE %s END, "
-            f"attempts = attempts + CASE WHEN {starts} THEN 1 ELSE 0 END, "
-            f"worker_ids = CASE WHEN {starts} "
+            f"status = CASE WHEN {starting} THEN %s ELSE %s END, "
+            f"attempts = attempts + CASE WHEN {starting} THEN 1 ELSE 0 END, "
+            f"worker_ids = CASE WHEN {starting} "
             f"THEN COALESCE(worker_ids, '[]'::jsonb) || %s::jsonb ELSE worker_ids END, "
-            f"started_at = CASE WHEN {starts} THEN COALESCE(started_at, %s) "
+            f"started_at = CASE WHEN {starting} THEN COALESCE(started_at, %s) "
             f"ELSE started_at END, "
-            f"last_attempted_at = CASE WHEN {starts} THEN %s ELSE last_attempted_at END "
+            f"last_attempted_at = CASE WHEN {starting} THEN %s ELSE last_attempted_at END "
         )
-        start = UniqueUntil.START
-        moved_params = [
-            start,
-            JobStatus.RUNNING,
-            JobStatus.CLAIMED,
-            start,
-            start,
-            json.dumps([worker_id]),
-            start,
-            now,
-            start,
-            now,
-        ]
     sql = (
         f"WITH picked AS ({picked_sql}), "
         f"taken AS (DELETE FROM {ready} WHERE job_id IN (SELECT job_id FROM picked) "
@@ -104,10 +126,34 @@ def claim_matching(
         f"THEN %s + concurrency_duration * interval '1 second' END, batch_id, %s FROM moved) "
         f"SELECT * FROM moved"
     )
-    params = [*picked_params, *moved_params, process_id, now, now]
-    jobs = list(Job.objects.using(db).raw(sql, params))
-    jobs.sort(key=lambda job: (-job.priority, job.pk))
-    return jobs
+    return sql, tuple(picked_params)
+
+
+@functools.cache
+def job_columns(db: str) -> tuple[tuple[str, ...], tuple[tuple[int, list], ...]]:
+    """``Job``'s attribute names in column order, and the converters of the columns
+    that have any (JSON fields parse their text), as a model query would apply them."""
+    connection = connections[db]
+    fields = Job._meta.concrete_fields
+    converters = tuple(
+        (index, [*connection.ops.get_db_converters(field), *field.get_db_converters(connection)])
+        for index, field in enumerate(fields)
+    )
+    return (
+        tuple(field.attname for field in fields),
+        tuple((index, found) for index, found in converters if found),
+    )
+
+
+def job_from_row(db: str, connection, row: tuple) -> Job:
+    """A ``Job`` from a row of all its columns, as ``Job.objects`` would build it."""
+    names, converters = job_columns(db)
+    values = list(row)
+    for index, functions in converters:
+        field = Job._meta.concrete_fields[index]
+        for convert in functions:
+            values[index] = convert(values[index], field, connection)
+    return Job.from_db(db, names, values)
 
 
 def start_held(
