@@ -11,6 +11,7 @@ rolls everything back and leaves the claim for recovery (DESIGN.md section 4).
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from contextlib import nullcontext
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.db import connections, transaction
-from django.db.models import Count, F, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 
 from . import pg_claims
@@ -91,20 +92,31 @@ def claim_jobs(
         room = lock_queue_caps(db, selector, caps, paused) if caps else {}
         picked: list[tuple[int, str]] = []
         for condition in selector.conditions():
+            names = prefix_queues(db, condition, paused)
+            rounds, refreshed = 0, False
             while len(picked) < limit:
+                want = limit - len(picked)
                 full = [queue for queue, left in room.items() if left <= 0]
+                where, more, order = condition, False, ("-priority", "job_id")
+                if names is not None:
+                    open_names = [name for name in names if name not in full]
+                    found = candidates(db, open_names, picked, want, rounds)
+                    where = Q(job_id__in=[job_id for _, job_id in found])
+                    more = len(found) == CANDIDATES * want
+                    if len({priority for priority, _ in found}) <= 1:
+                        # One priority: claim order is id order, which the primary key
+                        # reads without sorting, so the read stops (and stops locking) at
+                        # the first free ``want`` of them and a competing claim gets the
+                        # rest. A sort would read, and lock, every candidate.
+                        order = ("job_id",)
                 rows = ReadyExecution.objects.using(db).select_for_update(skip_locked=True)
-                rows = rows.filter(condition).exclude(queue_name__in=paused)
+                rows = rows.filter(where).exclude(queue_name__in=paused)
                 if full:
                     rows = rows.exclude(queue_name__in=full)
                 if picked:
                     # Rows this transaction already locked are not skipped: exclude them.
                     rows = rows.exclude(job_id__in=[job_id for job_id, _ in picked])
-                batch = list(
-                    rows.order_by("-priority", "job_id").values_list("job_id", "queue_name")[
-                        : limit - len(picked)
-                    ]
-                )
+                batch = list(rows.order_by(*order).values_list("job_id", "queue_name")[:want])
                 over_cap = False
                 for job_id, queue in batch:
                     if queue in room:
@@ -113,7 +125,15 @@ def claim_jobs(
                             continue
                         room[queue] -= 1
                     picked.append((job_id, queue))
-                if not over_cap:
+                rounds += 1
+                # Candidates other claimers held: the next ones, a few rounds at most.
+                more = more and len(batch) < want and rounds < CANDIDATE_ROUNDS
+                if names is not None and not found and not refreshed:
+                    # Nothing in the queues last seen: look again for new ones, once.
+                    forget_prefix_queues(db, condition)
+                    names = prefix_queues(db, condition, paused)
+                    rounds, refreshed, more = 0, True, names is not None
+                if not over_cap and not more:
                     break
         if not picked:
             return []
@@ -139,6 +159,88 @@ def claim_jobs(
     for job in jobs.values():
         job.status = JobStatus.CLAIMED
     return [jobs[job_id] for job_id in ids]
+
+
+# A prefix claim on MariaDB/MySQL reads this many candidates per job it wants, in up to
+# this many rounds, and gives up (the next claim tries again) past this many queues.
+CANDIDATES = 4
+CANDIDATE_ROUNDS = 3
+MAX_PREFIX_QUEUES = 50
+
+
+def prefix_queues(db: str, condition: Q, paused: set[str] | QuerySet) -> list[str] | None:
+    """On MariaDB/MySQL, the queues with ready jobs that a ``prefix*`` pattern covers,
+    to claim from by :func:`candidates`; None to claim with ``condition`` itself.
+
+    InnoDB locks every row a locking read reads. Read with ``LIKE 'reports%'``,
+    the planner walks the claim-order index (``jobs_ready_order``) through every
+    other queue's backlog before its first match: with 10,000 older jobs in
+    another queue one claim locked 20,032 rows and claims ran at 0.29 of ``*``
+    (bench/throughput.py --phases prefix). Through the queue-name index it must
+    sort all the matching rows first, and locks all of those. So a prefix claim
+    picks its candidates by plain reads, one ordered index read per queue, and
+    locks only them, by primary key.
+    """
+    if connections[db].vendor != "mysql" or len(condition.children) != 1:
+        return None
+    lookup, prefix = condition.children[0]
+    if lookup != "queue_name__startswith" or condition.negated:
+        return None
+    key = (db, prefix)
+    cached = PREFIX_NAMES.get(key)
+    now = time.monotonic()
+    if cached is None or now - cached[0] > PREFIX_NAMES_TTL:
+        found = list(
+            ReadyExecution.objects.using(db)
+            .filter(queue_name__startswith=prefix)
+            .order_by("queue_name")
+            .values_list("queue_name", flat=True)
+            .distinct()[: MAX_PREFIX_QUEUES + 1]
+        )
+        cached = PREFIX_NAMES[key] = (now, found)
+    if len(cached[1]) > MAX_PREFIX_QUEUES:
+        return None
+    # Paused queues as a set (with caps) are left out here; otherwise the locking read
+    # leaves them out.
+    return [name for name in cached[1] if not isinstance(paused, set) or name not in paused]
+
+
+def forget_prefix_queues(db: str, condition: Q) -> None:
+    PREFIX_NAMES.pop((db, condition.children[0][1]), None)
+
+
+# (db, prefix) -> (when read, the queue names with ready jobs then): a queue that gets
+# its first ready job is served by the claims of this process within PREFIX_NAMES_TTL,
+# at once if the queues known have nothing ready.
+PREFIX_NAMES: dict[tuple[str, str], tuple[float, list[str]]] = {}
+PREFIX_NAMES_TTL = 1.0
+
+
+def candidates(
+    db: str, names: list[str], picked: list[tuple[int, str]], want: int, round_: int
+) -> list[tuple[int, int]]:
+    """The next ``CANDIDATES * want`` ready jobs of ``names`` in claim order (priority,
+    then age), skipping the rounds before; read without locks, so a claimer
+    competing for the same ones makes the locking read skip them, not wait.
+    ``(priority, job id)`` pairs."""
+    count = CANDIDATES * want
+    taken = [job_id for job_id, _ in picked]
+    parts = []
+    for name in names:
+        rows = ReadyExecution.objects.using(db).filter(queue_name=name)
+        if taken:
+            rows = rows.exclude(job_id__in=taken)
+        parts.append(
+            rows.order_by("-priority", "job_id").values_list("priority", "job_id")[
+                : count * (round_ + 1)
+            ]
+        )
+    if not parts:
+        return []
+    # One round trip: each queue's part an ordered read of its own index.
+    found = list(parts[0].union(*parts[1:], all=True)) if len(parts) > 1 else list(parts[0])
+    found.sort(key=lambda row: (-row[0], row[1]))
+    return found[count * round_ : count * (round_ + 1)]
 
 
 def claim_in_one_statement(

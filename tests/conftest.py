@@ -15,6 +15,16 @@ def fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def fresh_prefix_queue_names():
+    """A worker process remembers for a second which queues a ``prefix*`` pattern
+    covers (claims.prefix_queues, MariaDB/MySQL); each test starts without the last
+    test's queues."""
+    from django_jobs.claims import PREFIX_NAMES
+
+    PREFIX_NAMES.clear()
+
+
 @pytest.fixture
 def viewer(db):
     """A logged-in admin client of a staff user who may view jobs and change nothing."""
