@@ -173,6 +173,7 @@ class TestClaimOrder:
         assert ReadyExecution.objects.count() == 3
 
     @pytest.mark.skipif("connection.vendor != 'mysql'", reason="InnoDB's locking reads")
+    @pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits on MySQL
     def test_a_prefix_claim_locks_only_what_it_takes_past_another_backlog(self, worker):
         """A LIKE read walked the claim-order index through every other queue's
         backlog, locking each row (0.29 of '*' with 10,000 of them, in the bench)."""
