@@ -1,6 +1,6 @@
 """No-op tasks for bench/throughput.py: each job costs only what the queue itself costs.
 
-``noop`` and ``noop_keyed`` run on django-jobs (the ``default`` backend);
+``noop``, ``noop_keyed`` and ``noop_rated`` run on django-jobs (the ``default`` backend);
 ``peer_noop`` runs on django-tasks-db (the ``peer`` backend of
 bench/settings.py). They are separate functions because a task is found again
 by its function's dotted path, which must name the ``Task`` of the right backend.
@@ -19,6 +19,12 @@ def noop() -> None:
 @task(concurrency_key="{key}", concurrency_limit=1)
 def noop_keyed(key: int) -> None:
     """Nothing, one at a time per ``key``: admission, blocking and promotion are the cost."""
+
+
+@task(rate_limit="10000/s", rate_key="{key}")
+def noop_rated(key: int) -> None:
+    """Nothing, under a rate limit that never binds: the cost of the start that checks
+    it (the key's row locked, its window read and written) and nothing else."""
 
 
 @django_task(backend="peer")

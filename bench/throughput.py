@@ -69,6 +69,7 @@ PHASES = (
     "limit",
     "drain",
     "keyed",
+    "rated",
     "procrastinate",
     "latency",
     "claims",
@@ -200,7 +201,7 @@ from django.utils import timezone  # noqa: E402
 from django_tasks_db.models import DBTaskResult, get_date_max  # noqa: E402
 from django_tasks_db.utils import exclusive_transaction  # noqa: E402
 
-from bench.tasks import noop, noop_keyed, peer_noop  # noqa: E402
+from bench.tasks import noop, noop_keyed, noop_rated, peer_noop  # noqa: E402
 from django_jobs.backend import JobsBackend  # noqa: E402
 from django_jobs.claims import claim_jobs  # noqa: E402
 from django_jobs.conf import JobsSettings  # noqa: E402
@@ -604,6 +605,9 @@ class Ours:
 
     def enqueue_keyed(self, count: int, keys: int) -> None:
         self.backend.bulk_enqueue([(noop_keyed, (), {"key": n % keys}) for n in range(count)])
+
+    def enqueue_rated(self, count: int, keys: int) -> None:
+        self.backend.bulk_enqueue([(noop_rated, (), {"key": n % keys}) for n in range(count)])
 
     def row_count(self) -> int:
         return Job.objects.count()
@@ -1505,6 +1509,25 @@ def phase_keyed(run: Run) -> None:
         run.report.checks.append(Check("keyed_over_plain", label, ratio, ">= 0.6"))
 
 
+def phase_rated(run: Run) -> None:
+    """A rate limit's cost: the plain drain's jobs under a limit that never binds
+    (10,000/s per key, over --keys keys), so every start takes the locked path of
+    django_jobs/rate_limits.py and none waits."""
+    count, keys = run.sizes.jobs, run.sizes.keys
+    progress(f"rated drain: {count:,} jobs over {keys:,} rate keys, ours")
+    rated = drain(
+        run.ours, count, lambda: run.ours.enqueue_rated(count, keys), run.log_dir, "ours-rated"
+    )
+    label = f"drain, {keys:,} rate keys (never binding)"
+    run.report.figures.append(Figure("rated_drain_rate", label, "jobs/s", rated.rate, None))
+    run.report.shares.append(Share("rated_drain_ours", f"ours, {label}", rated.rate, "drain"))
+    run.report.details["rated_drain"] = asdict(rated)
+    if run.plain_drain is not None:
+        ratio = rated.rate / run.plain_drain.rate
+        label = "ours: rated drain / unlimited drain"
+        run.report.checks.append(Check("rated_over_plain", label, ratio, "(the cost, no target)"))
+
+
 def phase_latency(run: Run) -> None:
     sizes = run.sizes
     progress(f"latency: {sizes.latency_samples:,} jobs each")
@@ -1799,6 +1822,7 @@ PHASE_RUNNERS: dict[str, Callable[[Run], None]] = {
     "bulk": phase_bulk,
     "drain": phase_drain,
     "keyed": phase_keyed,
+    "rated": phase_rated,
     "latency": phase_latency,
     "claims": phase_claims,
     "limit": phase_limit,
