@@ -1494,38 +1494,36 @@ def phase_drain(run: Run) -> None:
 
 
 def phase_keyed(run: Run) -> None:
-    count, keys = run.sizes.jobs, run.sizes.keys
-    progress(f"keyed drain: {count:,} jobs over {keys:,} keys, ours")
-    keyed = drain(
-        run.ours, count, lambda: run.ours.enqueue_keyed(count, keys), run.log_dir, "ours-keyed"
+    keys = run.sizes.keys
+    drain_against_plain(
+        run, "keyed", f"drain, {keys:,} keys limit 1", run.ours.enqueue_keyed, ">= 0.6"
     )
-    label = f"drain, {keys:,} keys limit 1"
-    run.report.figures.append(Figure("keyed_drain_rate", label, "jobs/s", keyed.rate, None))
-    run.report.shares.append(Share("keyed_drain_ours", f"ours, {label}", keyed.rate, "drain"))
-    run.report.details["keyed_drain"] = asdict(keyed)
-    if run.plain_drain is not None:
-        ratio = keyed.rate / run.plain_drain.rate
-        label = "ours: keyed drain / unlimited drain"
-        run.report.checks.append(Check("keyed_over_plain", label, ratio, ">= 0.6"))
 
 
 def phase_rated(run: Run) -> None:
     """A rate limit's cost: the plain drain's jobs under a limit that never binds
     (10,000/s per key, over --keys keys), so every start takes the locked path of
     django_jobs/rate_limits.py and none waits."""
-    count, keys = run.sizes.jobs, run.sizes.keys
-    progress(f"rated drain: {count:,} jobs over {keys:,} rate keys, ours")
-    rated = drain(
-        run.ours, count, lambda: run.ours.enqueue_rated(count, keys), run.log_dir, "ours-rated"
-    )
+    keys = run.sizes.keys
     label = f"drain, {keys:,} rate keys (never binding)"
-    run.report.figures.append(Figure("rated_drain_rate", label, "jobs/s", rated.rate, None))
-    run.report.shares.append(Share("rated_drain_ours", f"ours, {label}", rated.rate, "drain"))
-    run.report.details["rated_drain"] = asdict(rated)
+    drain_against_plain(run, "rated", label, run.ours.enqueue_rated, "(the cost, no target)")
+
+
+def drain_against_plain(
+    run: Run, name: str, label: str, enqueue: Callable[[int, int], None], target: str
+) -> None:
+    """Ours draining ``--jobs`` jobs spread over ``--keys`` keys by ``enqueue``, printed
+    as a figure, as a share of the limit, and against ours unlimited from this run."""
+    count, keys = run.sizes.jobs, run.sizes.keys
+    progress(f"{name} drain: {count:,} jobs over {keys:,} keys, ours")
+    result = drain(run.ours, count, lambda: enqueue(count, keys), run.log_dir, f"ours-{name}")
+    run.report.figures.append(Figure(f"{name}_drain_rate", label, "jobs/s", result.rate, None))
+    run.report.shares.append(Share(f"{name}_drain_ours", f"ours, {label}", result.rate, "drain"))
+    run.report.details[f"{name}_drain"] = asdict(result)
     if run.plain_drain is not None:
-        ratio = rated.rate / run.plain_drain.rate
-        label = "ours: rated drain / unlimited drain"
-        run.report.checks.append(Check("rated_over_plain", label, ratio, "(the cost, no target)"))
+        ratio = result.rate / run.plain_drain.rate
+        check = f"ours: {name} drain / unlimited drain"
+        run.report.checks.append(Check(f"{name}_over_plain", check, ratio, target))
 
 
 def phase_latency(run: Run) -> None:

@@ -2,22 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import time
-
 from django_jobs import task
-from testproject.demo.models import AuditEvent
-
-
-def audit(context, key: str) -> None:
-    AuditEvent.objects.create(
-        job_id=int(context.task_result.id),
-        key=key,
-        limit=0,
-        attempt=context.attempt,
-        pid=os.getpid(),
-        started=time.time(),
-    )
+from tests.control_tasks import audit
 
 
 @task(takes_context=True, rate_limit="3/s", rate_key="{account}")
