@@ -183,6 +183,7 @@ def number_checks(conf: JobsSettings) -> list[Any]:
         "alive_threshold",
         "shutdown_timeout",
         "interrupt_grace",
+        "cancel_poll_interval",
     ):
         value = getattr(conf, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:

@@ -34,6 +34,9 @@ class JobsSettings:
     # Seconds a cancelled job gets to stop by itself before its thread is interrupted,
     # and an interrupted job to end before it counts as stuck (docs/control.md).
     interrupt_grace: float = 5.0
+    # Seconds between a worker's checks for cancel requests of the jobs it runs, when no
+    # notification comes first (always on MariaDB/SQLite; docs/control.md).
+    cancel_poll_interval: float = 1.0
     maintenance_interval: float = 60.0
     # Seconds to keep finished jobs (results readable) before maintenance deletes them;
     # None keeps them forever.

@@ -17,10 +17,6 @@ class ProcessDied(Exception):
     """Recorded as a job's error when the process running it stopped heartbeating or exited."""
 
 
-class WorkerShutdown(Exception):
-    """Recorded as a job's error when a shutdown timeout cut its attempt short."""
-
-
 class JobInterrupted(BaseException):
     """Raised inside a running job's thread to stop it (see docs/control.md).
 
@@ -36,6 +32,21 @@ class JobCancelled(JobInterrupted):
 class JobTimeout(JobInterrupted):
     """Recorded as a job's error when an attempt ran past the task's ``timeout``;
     retried while attempts remain."""
+
+
+class WorkerShutdown(JobInterrupted):
+    """Raised in a job still running at its worker's shutdown deadline
+    (``shutdown_timeout``), and recorded as the attempt's error; retried while
+    attempts remain.
+
+    A ``JobInterrupted``: a task's ``except Exception:`` must not swallow it and
+    go on, or the body outlives the deadline and its process has to leave it
+    behind. The error row's message is built by the worker, which knows the
+    timeout; this default is what the task itself sees.
+    """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or ("interrupted: the worker is shutting down",)))
 
 
 class JobNotFound(LookupError):

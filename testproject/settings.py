@@ -97,6 +97,7 @@ DJANGO_JOBS = {
     "alive_threshold": env.float("JOBS_ALIVE_THRESHOLD", default=300.0),
     "shutdown_timeout": env.float("JOBS_SHUTDOWN_TIMEOUT", default=5.0),
     "interrupt_grace": env.float("JOBS_INTERRUPT_GRACE", default=5.0),
+    "cancel_poll_interval": env.float("JOBS_CANCEL_POLL_INTERVAL", default=1.0),
     # "queue=N,other=M": queue-wide caps across all workers.
     "max_concurrency": {
         queue: int(cap) for queue, cap in env.dict("JOBS_MAX_CONCURRENCY", default={}).items()

@@ -14,6 +14,7 @@ It changes nothing for a correct worker, which never records such an attempt.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Iterator
@@ -70,6 +71,52 @@ def loops_in_python(context, key: str, seconds: float) -> int:
         while time.monotonic() < deadline:
             time.sleep(0.01)
     return context.attempt
+
+
+@task(takes_context=True, concurrency_key="{key}", concurrency_group="shutdown", backoff=0)
+def retries_any_error(context, key: str, seconds: float) -> int:
+    """As ``loops_in_python``, inside a retry loop of its own that swallows every
+    ``Exception``: the interrupt must not be one of them. Returns the attempt."""
+    with body(context, key):
+        deadline = time.monotonic() + (seconds if context.attempt == 1 else 0)
+        while time.monotonic() < deadline:
+            try:
+                time.sleep(0.01)
+            except Exception:
+                continue
+    return context.attempt
+
+
+@task(takes_context=True, backoff=0)
+async def awaits(context, seconds: float, finish_when_cancelled: bool = False) -> str:
+    """Attempt 1 awaits ``asyncio.sleep(seconds)``; a later one returns at once.
+
+    If the await raises ``CancelledError`` it re-raises it, or with
+    ``finish_when_cancelled`` sleeps out the rest of its ``seconds`` and returns:
+    a body that ends by itself, with its value, after the interrupt. Its
+    ``AuditEvent`` gets ``ended`` as the body ends. Returns how it ended.
+    """
+    began = time.monotonic()
+    event = await AuditEvent.objects.acreate(
+        job_id=int(context.task_result.id),
+        key="async",
+        limit=1,
+        attempt=context.attempt,
+        pid=os.getpid(),
+        started=time.time(),
+    )
+    outcome = "slept"
+    try:
+        if context.attempt == 1:
+            await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        outcome = "finished after its CancelledError"
+        if not finish_when_cancelled:
+            raise
+        await asyncio.sleep(max(0.0, seconds - (time.monotonic() - began)))
+    finally:
+        await AuditEvent.objects.filter(pk=event.pk).aupdate(ended=time.time())
+    return outcome
 
 
 @task

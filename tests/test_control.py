@@ -11,12 +11,15 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.tasks import default_task_backend
 from django.tasks.exceptions import InvalidTask
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import Snooze, cancel, enqueue_batch
 from django_jobs import task as jobs_task
+from django_jobs.checks import backend_checks
 from django_jobs.claims import claim_jobs, release_job, snooze_job, start_jobs
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
 from django_jobs.models import (
@@ -233,6 +236,27 @@ def test_an_async_body_cancelled_before_it_began_is_cancelled_as_it_begins():
     assert (control.loop, control.task) == (None, None)  # detached as the body ended
 
 
+@pytest.mark.parametrize("value", [0, -1, "1", True, None])
+def test_cancel_poll_interval_must_be_a_number_above_zero(value):
+    with override_settings(DJANGO_JOBS={"cancel_poll_interval": value}):
+        errors = backend_checks(default_task_backend)
+    assert [error.id for error in errors] == ["django_jobs.E008"]
+    assert "'cancel_poll_interval'" in errors[0].msg
+
+
+def test_the_watchdog_polls_at_its_interval():
+    """Driven by hand, no job running (so no query): its first check is one interval
+    after it was made, and each next one an interval after the last."""
+    before = time.monotonic()
+    watchdog = Watchdog("default", grace=5.0, on_stuck=lambda job_id: None, poll_interval=30.0)
+    first = watchdog.next_poll
+    assert before + 30.0 <= first <= time.monotonic() + 30.0
+    watchdog.tick(first - 0.1)
+    assert watchdog.next_poll == first
+    watchdog.tick(first)
+    assert watchdog.next_poll == first + 30.0
+
+
 # --- running jobs: real worker processes ---------------------------------------------
 
 FAST_GRACE = {"JOBS_INTERRUPT_GRACE": "0.5"}
@@ -265,6 +289,27 @@ def test_a_running_job_is_cancelled_and_not_retried(run_jobs, task, interrupted)
     assert (job_row(result).attempts, error_paths(result)) == (1, [CANCELLED])
     said = f"job {result.id} cancelled: interrupting its thread" in proc.output()
     assert said == interrupted, proc.output()
+    proc.send(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+@pytest.mark.workers
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_looks_for_cancel_requests_every_cancel_poll_interval(run_jobs):
+    """With no notification (listen_notify off), a worker finds a cancel request only at
+    its next poll: with cancel_poll_interval at 30 s, the first is 30 s after it started,
+    so not within these 3 s, where the default 1 s poll stops this cooperative job
+    within about a second."""
+    result = control_tasks.until_cancelled.enqueue()
+    env = {"JOBS_CANCEL_POLL_INTERVAL": "30", "JOBS_LISTEN_NOTIFY": "false", **FAST_GRACE}
+    proc = run_jobs("--single-process", "--threads", "2", env=env)
+    started(result, proc)
+    assert cancel(result.id) == "requested"
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        assert job_row(result).status == JobStatus.RUNNING, proc.output()
+        time.sleep(0.05)
+    assert "cancel requested" not in proc.output()
     proc.send(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
 

@@ -2,10 +2,12 @@
 invariant 9, seed 000), with real ``run_jobs`` processes and real signals.
 
 At ``shutdown_timeout`` a body still running gets ``WorkerShutdown`` raised in its
-thread. One in Python ends there and is recorded by its own thread. One blocked in
-C code does not end: its process exits without settling it, and the next job of its
-key starts only once that process is gone. Before, the worker recorded it as a
-failed attempt on its way out, which freed the slot while the body still ran.
+thread (an ``async def`` body: its asyncio task cancelled). One in Python ends there
+and is recorded by its own thread, even inside an ``except Exception:`` of its own
+(``WorkerShutdown`` is a ``BaseException``). One blocked in C code does not end: its
+process exits without settling it, and the next job of its key starts only once that
+process is gone. Before, the worker recorded it as a failed attempt on its way out,
+which freed the slot while the body still ran.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tests.harness import error_paths, job_row, pid_alive, wait_until
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
 
 WORKER_SHUTDOWN = "django_jobs.exceptions.WorkerShutdown"
+INTERRUPTED = "interrupted: still running after the 1s shutdown timeout (ran "
 PROCESS_DIED = "django_jobs.exceptions.ProcessDied"
 # A short deadline; a grace long enough that a Python body surely ends within it,
 # so a test that stops in less proves the worker did not wait it out.
@@ -124,30 +127,84 @@ def test_a_body_blocked_in_c_keeps_its_slot_until_its_process_is_gone(run_jobs, 
 def test_a_body_in_python_past_the_deadline_is_interrupted_and_recorded(run_jobs, mode):
     """A body running Python at the deadline gets WorkerShutdown raised in it, ends, and
     is recorded by its own thread after it ended: retried while attempts remain, else
-    failed. The process does not wait out the grace and exits normally, leaving
-    nothing behind."""
+    failed. So does one inside a retry loop that swallows every ``Exception`` (once
+    an ``Exception`` itself, WorkerShutdown was swallowed there and the body ran on
+    past the grace). The process does not wait out the grace and exits normally,
+    leaving nothing behind."""
     retried = shutdown_tasks.loops_in_python.using(max_attempts=2).enqueue(key="r", seconds=60)
     failed = shutdown_tasks.loops_in_python.enqueue(key="f", seconds=60)
+    swallower = shutdown_tasks.retries_any_error.enqueue(key="s", seconds=60)
     proc = run_jobs(*MODES[mode], env=DEADLINE)
-    started(retried, proc)
-    started(failed, proc)
+    for result in (retried, failed, swallower):
+        started(result, proc)
     began = time.monotonic()
     proc.send(signal.SIGTERM)
     assert proc.wait(20) == 0, proc.output()
     # The deadline (1 s), then well within the grace (5 s): the bodies ended at once.
     assert time.monotonic() - began < 4, proc.output()
     assert (job_row(retried).status, job_row(retried).attempts) == (JobStatus.READY, 1)
-    assert (job_row(failed).status, job_row(failed).attempts) == (JobStatus.FAILED, 1)
-    for result in (retried, failed):
+    for result in (failed, swallower):
+        assert (job_row(result).status, job_row(result).attempts) == (JobStatus.FAILED, 1)
+    for result, body in (
+        (retried, "loops_in_python"),
+        (failed, "loops_in_python"),
+        (swallower, "retries_any_error"),
+    ):
         (run,) = audits(result)
         (failure,) = FailedExecution.objects.filter(job_id=int(result.id))
         assert failure.exception_class_path == WORKER_SHUTDOWN
-        assert failure.message == "interrupted: still running after the 1s shutdown timeout"
+        assert failure.message.startswith(INTERRUPTED), failure.message
         # Raised inside the body (its frame is in the traceback), which ended before
         # its attempt was recorded: the slot was freed after the body, not during it.
-        assert "in loops_in_python" in failure.traceback, failure.traceback
+        assert f"in {body}" in failure.traceback, failure.traceback
         assert run.ended is not None, proc.output()
         assert run.ended <= failure.failed_at.timestamp()
+    assert "interrupting them" in proc.output()
+    assert "exiting without settling it" not in proc.output()
+    assert ClaimedExecution.objects.count() == 0
+    assert Process.objects.count() == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_async_body_past_the_deadline_has_its_asyncio_task_cancelled(run_jobs, mode):
+    """An ``async def`` body waits in its event loop, where an exception raised in its
+    job's thread never lands: at the deadline its asyncio task is cancelled instead.
+
+    One in ``asyncio.sleep(60)`` ends with CancelledError at once and is recorded as
+    WorkerShutdown (not CancelledError), retried while attempts remain. One that takes
+    the CancelledError as its cue to finish its step, and returns within the grace, is
+    a success: nothing is left pending in its thread to turn its return into a
+    failure. The process exits without waiting out the 10 s grace, leaving nothing
+    behind. Before, the first body ran on until its process exited without it, and
+    the second returned only to fail with the WorkerShutdown pending in its thread."""
+    cancelled = shutdown_tasks.awaits.using(max_attempts=2).enqueue(seconds=60)
+    finishing = shutdown_tasks.awaits.enqueue(seconds=3, finish_when_cancelled=True)
+    proc = run_jobs(*MODES[mode], env={**DEADLINE, "JOBS_INTERRUPT_GRACE": "10"})
+    started(cancelled, proc)
+    started(finishing, proc)
+    began = time.monotonic()
+    proc.send(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+    # The deadline (1 s), the finishing body's last seconds, not the 10 s grace.
+    assert time.monotonic() - began < 7, proc.output()
+
+    job = job_row(cancelled)
+    assert (job.status, job.attempts) == (JobStatus.READY, 1), proc.output()
+    (failure,) = FailedExecution.objects.filter(job_id=job.pk)
+    assert failure.exception_class_path == WORKER_SHUTDOWN
+    assert failure.message.startswith(INTERRUPTED), failure.message
+    assert failure.message.endswith(
+        f"it raised CancelledError: django-jobs: job {job.pk} interrupted at the shutdown deadline"
+    ), failure.message
+    (run,) = audits(cancelled)
+    assert run.ended is not None and run.ended <= failure.failed_at.timestamp()
+    assert run.ended - run.started < 60
+
+    job = job_row(finishing)
+    assert (job.status, job.attempts) == (JobStatus.SUCCEEDED, 1), proc.output()
+    assert job.return_value == "finished after its CancelledError"
+    assert error_paths(finishing) == []
+
     assert "interrupting them" in proc.output()
     assert "exiting without settling it" not in proc.output()
     assert ClaimedExecution.objects.count() == 0

@@ -100,13 +100,16 @@ def start_claimed(jobs: list[Job], ctx: ExecutionContext) -> list[Job]:
 
 
 def interrupted(control: Control, exc: BaseException, duration: float) -> ErrorInfo:
-    """The error of an attempt that was cancelled or timed out, whatever it raised."""
+    """The error of an attempt that was cancelled, timed out or interrupted at its
+    worker's shutdown deadline, whatever it raised (an ``async def`` body raises
+    asyncio's ``CancelledError``; the record names the reason all the same)."""
     kind = control.exception()
-    what = (
-        "cancelled"
-        if control.cancelled
-        else f"timed out: still running after its timeout of {control.timeout:g}s"
-    )
+    if control.cancelled:
+        what = "cancelled"
+    elif (waited := control.shutdown_timeout) is not None:
+        what = f"interrupted: still running after the {waited:g}s shutdown timeout"
+    else:
+        what = f"timed out: still running after its timeout of {control.timeout:g}s"
     message = f"{what} (ran {duration:.3f}s)"
     if not isinstance(exc, JobInterrupted):
         message += f"; it raised {type(exc).__name__}: {exc}"

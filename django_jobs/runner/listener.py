@@ -74,8 +74,9 @@ def start_listener(
         if conf.listen_notify is False and connections[conf.database].vendor == "postgresql":
             logger.info(
                 "not listening for ready jobs (DJANGO_JOBS['listen_notify'] is False): "
-                "polling every %ss",
+                "polling every %ss (cancel requests every %ss)",
                 conf.polling_interval,
+                conf.cancel_poll_interval,
             )
         return None
     listener = Listener(
@@ -83,6 +84,7 @@ def start_listener(
         selector,
         lifecycle,
         polling_interval=conf.polling_interval,
+        cancel_poll_interval=conf.cancel_poll_interval,
         max_delay=conf.db_retry_max_delay,
         on_cancel=on_cancel,
     )
@@ -105,12 +107,15 @@ class Listener:
         polling_interval: float,
         max_delay: float,
         on_cancel: OnCancel = cancel_notified,
+        cancel_poll_interval: float = JobsSettings.cancel_poll_interval,
     ) -> None:
         self.params = params
         self.selector = selector
         self.lifecycle = lifecycle
         self.on_cancel = on_cancel
         self.polling_interval = polling_interval
+        # Only for the outage's log line: the watchdog polls at this interval meanwhile.
+        self.cancel_poll_interval = cancel_poll_interval
         self.backoff = Backoff(max_delay)
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self.run, name="django-jobs-listener", daemon=True)
@@ -160,10 +165,12 @@ class Listener:
                 if outage_since is None:
                     outage_since = time.monotonic()
                     logger.warning(
-                        "not listening for ready jobs (%s: %s); polling every %ss and reconnecting",
+                        "not listening for ready jobs (%s: %s); polling every %ss (cancel "
+                        "requests every %ss) and reconnecting",
                         type(exc).__name__,
                         first_line(exc),
                         self.polling_interval,
+                        self.cancel_poll_interval,
                     )
                 else:
                     logger.debug("still not listening for ready jobs: %s", first_line(exc))

@@ -15,8 +15,10 @@ import time
 
 # The exit code of a worker process that stopped to be replaced (EX_TEMPFAIL).
 RECYCLE_EXIT_CODE = 75
-# ... and of one that left a job it could not interrupt (runner/watchdog.py): its
-# supervisor settles that job's claim now that the process is gone.
+# ... and of one that left behind a job whose body may still run: one it could not
+# interrupt past its timeout or cancel (runner/watchdog.py), or one still running
+# after the interrupt at the shutdown deadline (runner/worker.py). Its supervisor
+# settles that job's claim now that the process, and so the body, is gone.
 ABANDONED_EXIT_CODE = 76
 
 # Reading /proc costs a system call: at most once per this many seconds.

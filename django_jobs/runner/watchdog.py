@@ -5,12 +5,12 @@ thread per worker process:
 
 - marks a job whose attempt has run past its ``timeout`` as timed out, and checks
   the database for cancel requests (``Job.cancel_requested_at``) of the jobs it
-  runs: every ``CANCEL_POLL_INTERVAL`` seconds, and at once when the process's
-  LISTEN connection hears that one was made (PostgreSQL: ``notify.cancel_requested``
-  sends it after the request commits, ``runner.listener`` hands it to
-  :func:`cancel_notified`). The notification is only a hint to look now: the
-  request itself is the column, so the poll finds it if the notification is
-  lost, and recovery if the worker dies;
+  runs: every ``cancel_poll_interval`` seconds (a setting, 1 by default), and at
+  once when the process's LISTEN connection hears that one was made (PostgreSQL:
+  ``notify.cancel_requested`` sends it after the request commits,
+  ``runner.listener`` hands it to :func:`cancel_notified`). The notification is
+  only a hint to look now: the request itself is the column, so the poll finds
+  it if the notification is lost, and recovery if the worker dies;
 - lets the task see it (``django_jobs.cancel_requested()``), then raises
   :class:`~django_jobs.exceptions.JobTimeout` at once, or
   :class:`~django_jobs.exceptions.JobCancelled` after ``interrupt_grace``
@@ -28,6 +28,12 @@ thread per worker process:
   other jobs end, and exits without settling the stuck job's claim. Its slot is
   freed by recovery once the process is gone, never while the body may still
   run (DESIGN.md invariant 9, seed 000).
+
+The worker's shutdown deadline goes through the same :class:`Control`
+(:meth:`Watchdog.interrupt_at_shutdown`): ``WorkerShutdown`` raised in a sync
+body's thread, the asyncio task of an ``async def`` one cancelled. What becomes
+of a body that does not end then is the worker's to decide (it leaves the claim
+behind as it exits), not the watchdog's stuck path.
 """
 
 from __future__ import annotations
@@ -40,20 +46,18 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from django.db import close_old_connections
 
-from ..exceptions import JobCancelled, JobInterrupted, JobTimeout
+from ..conf import JobsSettings
+from ..exceptions import JobCancelled, JobInterrupted, JobTimeout, WorkerShutdown
 from ..models import Job
 from .db_retry import DB_ERRORS, reset_connection
 
 logger = logging.getLogger("django_jobs.worker")
 
-# Seconds between two checks for cancel requests when no notification comes (MariaDB,
-# SQLite, LISTEN off or lost). Read at every check, so a test may lengthen it.
-CANCEL_POLL_INTERVAL = 1.0
 TICK = 0.05
 # Seconds a notified cancel of a job this process has claimed but not yet started is
 # remembered: the job's row was read at the claim, before the request, so its start
@@ -61,6 +65,9 @@ TICK = 0.05
 NOTIFIED_KEEP = 60.0
 
 CANCELLED, TIMED_OUT = "cancelled", "timed out"
+# Not a request the task is asked to honour (``cancel_requested()`` stays False): its
+# worker's shutdown timeout is over, so the body is interrupted at once.
+SHUTDOWN = "interrupted at the shutdown deadline"
 
 
 @dataclass(eq=False)
@@ -71,7 +78,7 @@ class Control:
     thread_id: int
     started: float
     timeout: float | None
-    reason: str | None = None  # CANCELLED or TIMED_OUT, once decided
+    reason: str | None = None  # CANCELLED, TIMED_OUT or SHUTDOWN, once decided
     reason_at: float = 0.0
     fired_at: float | None = None
     done: bool = False
@@ -84,6 +91,9 @@ class Control:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     loop: asyncio.AbstractEventLoop | None = None
     task: asyncio.Task[object] | None = None
+    # The worker's shutdown_timeout, once the deadline interrupted this body: its
+    # error message says how long the worker waited.
+    shutdown_timeout: float | None = None
 
     def stop(self, reason: str, now: float) -> None:
         # A cancel request outranks a timeout: a cancelled job is never retried.
@@ -96,7 +106,9 @@ class Control:
         return self.reason == CANCELLED
 
     def exception(self) -> type[JobInterrupted]:
-        return JobCancelled if self.cancelled else JobTimeout
+        if self.cancelled:
+            return JobCancelled
+        return WorkerShutdown if self.reason == SHUTDOWN else JobTimeout
 
     def attach(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[object]) -> None:
         """The async body begins in ``task`` on ``loop`` (called there): cancellable from
@@ -178,15 +190,27 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 class Watchdog:
-    def __init__(self, db: str, grace: float, on_stuck: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        db: str,
+        grace: float,
+        on_stuck: Callable[[int], None],
+        *,
+        poll_interval: float = JobsSettings.cancel_poll_interval,
+    ) -> None:
         self.db = db
         self.grace = grace
+        # Seconds between two checks for cancel requests when no notification comes
+        # (MariaDB, SQLite, LISTEN off or lost): the ``cancel_poll_interval`` setting.
+        self.poll_interval = poll_interval
         self.on_stuck = on_stuck
         self.lock = threading.Lock()
         self.controls: dict[int, Control] = {}
         self.stuck: set[int] = set()
         self.halt = threading.Event()
-        self.next_poll = 0.0
+        # No check as it starts (no job runs yet; one claimed in the meantime brings
+        # a request made before its claim with its row, see watch()): one interval on.
+        self.next_poll = time.monotonic() + poll_interval
         # Set by a notification about a job we run: check before the next poll is due.
         self.check_now = False
         self.woken = threading.Event()
@@ -259,6 +283,34 @@ class Watchdog:
             if control.fired_at is not None:
                 raise_in_thread(control.thread_id, None)
 
+    def interrupt_at_shutdown(self, job_ids: Iterable[int], timeout: float) -> list[int]:
+        """Interrupt the bodies of ``job_ids`` still running at the worker's shutdown
+        deadline, ``timeout`` seconds after its stop began; returns the ids interrupted.
+
+        Under the lock the watchdog fires under, and through :meth:`Control.fire`:
+        a sync body gets ``WorkerShutdown`` raised in its thread, and one that
+        returns at this very instant withdraws it in :meth:`forget`; an ``async
+        def`` body has its asyncio task cancelled (an exception raised in its
+        thread, which only waits for the event loop, would land when the body
+        returns, turning a success into a failure). A body already interrupted
+        (timeout, cancel) is left as it is; one cancelled but still in its grace
+        is interrupted now and stays cancelled (never retried). A job whose body
+        has not begun or has ended has no control and needs nothing.
+        """
+        now = time.monotonic()
+        interrupted = []
+        with self.lock:
+            for job_id in job_ids:
+                control = self.controls.get(job_id)
+                if control is None or control.done or control.fired_at is not None:
+                    continue
+                if control.reason is None:
+                    control.reason, control.reason_at = SHUTDOWN, now
+                    control.shutdown_timeout = timeout
+                control.fire(control.exception(), now)
+                interrupted.append(job_id)
+        return interrupted
+
     def run(self) -> None:
         try:
             while not self.halt.is_set():
@@ -275,7 +327,7 @@ class Watchdog:
             # Cleared before the query: a notification during it asks for another.
             check_now, self.check_now = self.check_now, False
         if check_now or now >= self.next_poll:
-            self.next_poll = now + CANCEL_POLL_INTERVAL
+            self.next_poll = now + self.poll_interval
             self.poll_cancel_requests(now)
         with self.lock:
             for control in list(self.controls.values()):
@@ -299,7 +351,11 @@ class Watchdog:
             elif control.reason == TIMED_OUT or now - control.reason_at >= self.grace:
                 control.fire(control.exception(), now)
                 logger.warning("job %s %s: interrupting its thread", control.job_id, control.reason)
-        elif now - control.fired_at >= self.grace and control.job_id not in self.stuck:
+        elif (
+            now - control.fired_at >= self.grace
+            and control.reason != SHUTDOWN  # the stopping worker leaves it behind itself
+            and control.job_id not in self.stuck
+        ):
             self.stuck.add(control.job_id)
             logger.error(
                 "job %s %s but still running %.1fs after %s: this worker process stops "

@@ -12,7 +12,7 @@ from django.db.models import Q
 
 from ..claims import claim_jobs, release_job
 from ..conf import JobsSettings
-from ..exceptions import TaskNotFound, WorkerShutdown
+from ..exceptions import TaskNotFound
 from ..loading import load_task
 from ..models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution
 from ..queues import QueueSelector
@@ -24,7 +24,7 @@ from .executor import execute_job, start_claimed
 from .lifecycle import Lifecycle
 from .listener import start_listener
 from .recycling import RecyclePolicy
-from .watchdog import Watchdog, raise_in_thread
+from .watchdog import Watchdog
 
 logger = logging.getLogger("django_jobs.worker")
 
@@ -69,9 +69,13 @@ class Worker:
         )
         self.completer = Completer(self.ctx, on_written=lifecycle.wake.set)
         self.ctx.completer = self.completer
-        self.watchdog = Watchdog(self.db, conf.interrupt_grace, lifecycle.request_abandon)
+        self.watchdog = Watchdog(
+            self.db,
+            conf.interrupt_grace,
+            lifecycle.request_abandon,
+            poll_interval=conf.cancel_poll_interval,
+        )
         self.ctx.watchdog = self.watchdog
-        self.shutdown_exception = shutdown_interrupt(conf.shutdown_timeout)
         self.lock = threading.Lock()
         self.running: dict[int, Job] = {}
         self.pool = ThreadPoolExecutor(conf.threads, thread_name_prefix="django-jobs-worker")
@@ -250,13 +254,16 @@ class Worker:
         until a stop signal arrives: then the shutdown timeout runs from there.
 
         At the deadline each body still running gets ``WorkerShutdown`` raised in
-        its thread and ``interrupt_grace`` seconds to end; one that ends is recorded
-        by its own thread like any failure. One that does not (blocked in C code,
-        which no Python exception reaches) keeps its claim, and so its concurrency
-        slot: this process exits without settling it, and it is settled once the
-        process is gone (DESIGN.md invariant 9). Failing it from here, as this once
-        did, freed its slot while its body still ran, and another worker could
-        start the next job of a limit-1 key before this process had exited.
+        its thread (an ``async def`` one: its asyncio task cancelled) and
+        ``interrupt_grace`` seconds to end; one that ends is recorded by its own
+        thread like any failure, or as a success if it returned. One that does
+        not (blocked in C code, which no Python exception reaches, or an async
+        body that goes on after its ``CancelledError``) keeps its claim, and so
+        its concurrency slot: this process exits without settling it, and it is
+        settled once the process is gone (DESIGN.md invariant 9). Failing it
+        from here, as this once did, freed its slot while its body still ran,
+        and another worker could start the next job of a limit-1 key before this
+        process had exited.
         """
         deadline = time.monotonic() + self.conf.shutdown_timeout
         while (
@@ -294,27 +301,11 @@ class Worker:
                 return
 
     def interrupt_running(self) -> None:
-        """Raise ``WorkerShutdown`` in the thread of each body still running.
-
-        Under the watchdog's lock, and marked as fired on the body's
-        :class:`~.watchdog.Control`, as the watchdog does for a timeout: a body
-        that returns at this very instant withdraws the exception in
-        ``Watchdog.forget`` before it can land in the worker's own code. A body
-        the watchdog already interrupted (timeout, cancel) is left to it; a job
-        whose body has not begun or has ended has no control and needs nothing.
-        """
+        """Interrupt each body still running, as the watchdog interrupts one past its
+        timeout (``Watchdog.interrupt_at_shutdown``): recorded as ``WorkerShutdown``."""
         with self.lock:
             job_ids = [pk for pk in self.running if pk not in self.lifecycle.stuck_jobs]
-        now = time.monotonic()
-        interrupted = []
-        with self.watchdog.lock:
-            for job_id in job_ids:
-                control = self.watchdog.controls.get(job_id)
-                if control is None or control.done or control.fired_at is not None:
-                    continue
-                control.fired_at = now
-                raise_in_thread(control.thread_id, self.shutdown_exception)
-                interrupted.append(job_id)
+        interrupted = self.watchdog.interrupt_at_shutdown(job_ids, self.conf.shutdown_timeout)
         if interrupted:
             logger.warning(
                 "job(s) %s still running after the %gs shutdown timeout: interrupting them "
@@ -332,38 +323,21 @@ class Worker:
         """
         self.lifecycle.left_running.add(job.pk)
         with self.watchdog.lock:
-            in_body = job.pk in self.watchdog.controls
+            control = self.watchdog.controls.get(job.pk)
+        if control is None:
+            what = "its thread has not finished"
+        elif control.asynchronous:
+            what = "its body still runs (CancelledError ignored, or a synchronous call?)"
+        else:
+            what = "its body still runs (blocked outside Python?)"
         logger.error(
             "job %s: %s %gs after the interrupt at the shutdown deadline: exiting without "
             "settling it; it is recovered once this process is gone, and its concurrency "
             "slot stays held until then",
             job.pk,
-            "its body still runs (blocked outside Python?)"
-            if in_body
-            else "its thread has not finished",
+            what,
             self.conf.interrupt_grace,
         )
-
-
-def shutdown_interrupt(timeout: float) -> type[WorkerShutdown]:
-    """The exception raised in a body still running at the shutdown deadline.
-
-    ``PyThreadState_SetAsyncExc`` raises a class, never an instance, so the
-    message the job's error row shows comes from this subclass's defaults. It
-    is named as its parent: the executor records ``module.qualname``, and
-    ``django_jobs.exceptions.WorkerShutdown`` is the error the docs and users
-    know (``except WorkerShutdown`` catches it too).
-    """
-    message = f"interrupted: still running after the {timeout:g}s shutdown timeout"
-
-    class Interrupt(WorkerShutdown):
-        def __init__(self, *args: object) -> None:
-            super().__init__(*(args or (message,)))
-
-    Interrupt.__module__ = WorkerShutdown.__module__
-    Interrupt.__name__ = WorkerShutdown.__name__
-    Interrupt.__qualname__ = WorkerShutdown.__qualname__
-    return Interrupt
 
 
 def unrecorded_bound(threads: int) -> int:
