@@ -978,14 +978,20 @@ def check_rows(bench: Bench, expected: int) -> None:
         raise RuntimeError(f"{bench.name}: {found:,} rows after enqueuing {expected:,}")
 
 
-def enqueue_rate(bench: Bench, count: int) -> Rate:
-    """``enqueue()`` one by one, each in its own autocommit transaction, after a warm-up."""
+def enqueue_rate(bench: Bench, count: int, atomic: bool = False) -> Rate:
+    """``enqueue()`` one by one, each in its own autocommit transaction, after a warm-up;
+    with ``atomic``, each inside ``transaction.atomic()`` of its own, as in a view under
+    ``ATOMIC_REQUESTS`` (the enqueue is then a statement of the caller's transaction)."""
     bench.reset()
     bench.enqueue_one()
 
     def enqueue(n: int) -> int:
         for _ in range(n):
-            bench.enqueue_one()
+            if atomic:
+                with transaction.atomic():
+                    bench.enqueue_one()
+            else:
+                bench.enqueue_one()
         return n
 
     rate = timed_in_pieces(count, enqueue)
@@ -1204,9 +1210,14 @@ def phase_enqueue(run: Run) -> None:
         Share("enqueue_peer", "django-tasks-db, enqueue one by one", peer.median, "enqueue"),
     ]
     run.report.details["enqueue"] = {"ours": asdict(ours), "peer": asdict(peer)}
+    ours, peer = enqueue_rate(run.ours, count, True), enqueue_rate(run.peer, count, True)
+    figure = run.report.figure(*ENQUEUE_ATOMIC_FIGURE)
+    figure.ours, figure.peer, figure.note = ours.median, peer.median, f"median of {PIECES} pieces"
+    run.report.details["enqueue_atomic"] = {"ours": asdict(ours), "peer": asdict(peer)}
 
 
 ENQUEUE_FIGURE = ("enqueue_rate", "enqueue one by one", "jobs/s")
+ENQUEUE_ATOMIC_FIGURE = ("enqueue_atomic_rate", "enqueue one by one, in atomic()", "jobs/s")
 DRAIN_FIGURES = (("drain_rate", "drain no-op jobs", "jobs/s"),)
 DRAIN_WALL_FIGURE = ("drain_wall", "drain wall time", "s", False)
 RSS_FIGURES = (
