@@ -671,7 +671,9 @@ def fail_claimed(
     )
     delete_claim(db, claim)
     retry_at = None
-    if retry and job.attempts < job.max_attempts:
+    # A job whose cancel was requested is never retried, whatever ended this attempt (a
+    # shutdown or a timeout can land before its worker has seen the request).
+    if retry and job.attempts < job.max_attempts and job.cancel_requested_at is None:
         retry_at = now + timedelta(seconds=retry_delay(job.backoff, job.attempts))
     if retry_at is None:
         Job.objects.using(db).filter(pk=job.pk).update(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection  # noqa: F401 (read by the skipif conditions)
 
+from django_jobs import cancel
 from django_jobs.claims import (
     ErrorInfo,
     claim_jobs,
@@ -132,3 +133,16 @@ def test_only_the_worker_claim_starts(worker):
     tasks.add.enqueue(1, 1)
     (job,) = claim_jobs(DB, worker.pk, ALL, 1)
     assert (job.status, job.attempts) == (JobStatus.CLAIMED, 0)
+
+
+def test_a_job_whose_cancel_was_requested_is_never_retried(worker):
+    """Its attempt ended some other way (a shutdown, a timeout) before its worker saw the
+    request: the request still holds."""
+    job_id = int(tt.retried_at_once.enqueue().id)
+    (job,) = claim(worker)
+    if job.status == JobStatus.CLAIMED:
+        start_jobs(DB, [job], worker.pk, worker.name)
+    assert cancel(str(job_id)) == "requested"
+    shutdown = ErrorInfo("django_jobs.exceptions.WorkerShutdown", "stop", "stop")
+    assert not fail_job(DB, job_id, worker.pk, shutdown).will_retry
+    assert Job.objects.get(pk=job_id).status == JobStatus.FAILED
