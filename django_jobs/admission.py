@@ -23,7 +23,7 @@ from django.db.models.functions import Collate, RowNumber
 from django.utils import timezone
 
 from . import pg_admission
-from .batches import count_outcomes
+from .batches import count_failed
 from .deletion import delete_executions
 from .models import BlockedExecution, ClaimedExecution, Job, JobStatus, ReadyExecution, Semaphore
 from .readiness import make_ready, set_status
@@ -48,7 +48,8 @@ def admit_jobs(db: str, jobs: Iterable[Job]) -> None:
     for key in sorted(by_key):
         discarded += admit_to_key(db, key, by_key[key])
     # Batch rows come after every semaphore (lock order): counted once all keys are done.
-    count_discarded(db, discarded)
+    # A discarded batch item is terminal: its batch counts it as failed.
+    count_failed(db, discarded)
 
 
 def lock_semaphore(db: str, key: str, limit: int) -> Semaphore:
@@ -120,15 +121,6 @@ def admit_to_key(db: str, key: str, jobs: list[Job]) -> list[Job]:
         )
         set_status(db, blocked, JobStatus.BLOCKED)
     return discarded
-
-
-def count_discarded(db: str, jobs: list[Job]) -> None:
-    """A discarded batch item is terminal: its batch counts it as failed."""
-    per_batch: dict[int, int] = defaultdict(int)
-    for job in jobs:
-        if job.batch_id is not None:
-            per_batch[job.batch_id] += 1
-    count_outcomes(db, {batch_id: (0, n) for batch_id, n in per_batch.items()})
 
 
 def release_slot(db: str, key: str) -> int:

@@ -150,6 +150,16 @@ def count_outcomes(db: str, outcomes: Mapping[int, tuple[int, int]]) -> None:
         batch.save(using=db, update_fields=fields)
 
 
+def count_failed(db: str, jobs: Iterable[Job]) -> None:
+    """Count ``jobs`` (discarded, or cancelled before they ran) as failed items of their
+    batches; jobs of no batch count nowhere."""
+    per_batch: dict[int, int] = {}
+    for job in jobs:
+        if job.batch_id is not None:
+            per_batch[job.batch_id] = per_batch.get(job.batch_id, 0) + 1
+    count_outcomes(db, {batch_id: (0, n) for batch_id, n in per_batch.items()})
+
+
 def count_outcome(db: str, batch_id: int | None, *, succeeded: bool) -> None:
     if batch_id is not None:
         count_outcomes(db, {batch_id: (1, 0) if succeeded else (0, 1)})

@@ -16,7 +16,7 @@ from .exceptions import InvalidTaskArguments, TaskNotFound
 from .job_task import bound_arguments
 from .loading import load_task
 from .queues import QueueSelector
-from .rates import named_rates
+from .rates import named_rate
 from .recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_zone
 from .schedules import ScheduleError, parse_schedule, parse_time_zone
 from .serialization import json_arguments
@@ -247,7 +247,7 @@ def rate_limit_checks(conf: JobsSettings) -> list[Any]:
     errors = []
     for name, rate in raw.items():
         try:
-            named_rates({name: rate})
+            named_rate(name, rate)
         except ValueError as exc:
             errors.append(Error(f"{where}: {exc}.", id="django_jobs.E022"))
     return errors

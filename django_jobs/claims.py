@@ -25,7 +25,7 @@ from django.utils import timezone
 from . import pg_claims
 from .admission import admit_jobs, hand_back_to_key, make_ready, release_slot, release_slots
 from .backoff import retry_delay
-from .batches import count_outcome, count_outcomes
+from .batches import count_failed, count_outcome, count_outcomes
 from .cancellation import record_cancelled
 from .deletion import delete_executions
 from .models import (
@@ -398,14 +398,14 @@ def start_locked(
                 "rate_reserved_at",
             )
         )
-        waiting = decide_rates(db, rows, now)
+        waiting, starts = decide_rates(db, rows, now)
         written: dict[int, tuple | Waiting] = dict(waiting)
         # Jobs whose new column values coincide share one UPDATE (usually all of them).
         groups: dict[tuple, list[int]] = defaultdict(list)
         for pk, attempts, worker_ids, started_at, unique_until, rate_key, *_ in rows:
             if pk in waiting:
                 continue
-            stamp = now if rate_key is None else waiting.starts[pk]
+            stamp = now if rate_key is None else starts[pk]
             worker_ids = [*(worker_ids or []), worker_id]
             written[pk] = (attempts + 1, worker_ids, started_at or stamp, stamp)
             shape = (
@@ -431,21 +431,19 @@ def start_locked(
     return written
 
 
-class RateDecisions(dict):
-    """``{job id: Waiting}`` for the jobs sent back; ``starts``: the admitted ones' times."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.starts: dict[int, datetime] = {}
-
-
-def decide_rates(db: str, rows: list[tuple], now: datetime) -> RateDecisions:
+def decide_rates(
+    db: str, rows: list[tuple], now: datetime
+) -> tuple[dict[int, Waiting], dict[int, datetime]]:
     """Admit or send back each rate-limited job of ``rows`` (in claim order), under
-    its key's lock; the ones sent back wait as scheduled jobs, their slots freed."""
-    decisions = RateDecisions()
+    its key's lock; the ones sent back wait as scheduled jobs, their slots freed.
+
+    Returns the jobs sent back, and the recorded start time of each one admitted.
+    """
+    waiting: dict[int, Waiting] = {}
+    starts: dict[int, datetime] = {}
     rated = [row for row in rows if row[5] is not None]
     if not rated:
-        return decisions
+        return waiting, starts
     windows = lock_rate_limits(db, {row[5] for row in rated})
     clock = now.timestamp()
     for pk, *_, rate_key, limit, period, reserved_at in rated:
@@ -453,19 +451,19 @@ def decide_rates(db: str, rows: list[tuple], now: datetime) -> RateDecisions:
         if window is None:
             # Its row was pruned after ensure_rate_rows: no start to count it
             # against, so the job waits a moment and the next start recreates it.
-            decisions[pk] = Waiting(now + timedelta(seconds=1))
+            waiting[pk] = Waiting(now + timedelta(seconds=1))
             continue
         reserved = None if reserved_at is None else reserved_at.timestamp()
         decision = window.decide(clock, Rate(limit, period), reserved)
         at = datetime.fromtimestamp(decision.at, tz=UTC)
         if decision.admitted:
-            decisions.starts[pk] = at
+            starts[pk] = at
         else:
-            decisions[pk] = Waiting(at)
+            waiting[pk] = Waiting(at)
     save_windows(db, windows.values(), now)
-    if decisions:
-        wait_for_rate(db, {pk: waiting.until for pk, waiting in decisions.items()})
-    return decisions
+    if waiting:
+        wait_for_rate(db, {pk: sent_back.until for pk, sent_back in waiting.items()})
+    return waiting, starts
 
 
 def wait_for_rate(db: str, until: dict[int, datetime]) -> None:
@@ -495,23 +493,7 @@ def wait_for_rate(db: str, until: dict[int, datetime]) -> None:
         job.status, job.rate_reserved_at = JobStatus.SCHEDULED, until[job.pk]
     if waiting:
         Job.objects.using(db).bulk_update(waiting, ["status", "rate_reserved_at"])
-    now = timezone.now()
-    for job in cancelled:
-        record_cancelled(db, job.pk, job.attempts, now, "cancelled before it started")
-        Job.objects.using(db).filter(pk=job.pk).update(
-            status=JobStatus.FAILED, finished_at=now, unique_lock=None
-        )
-    release_slots(db, {claim.concurrency_key for claim in claims if claim.concurrency_key})
-    count_outcomes(db, count_failures(job.batch_id for job in cancelled))
-
-
-def count_failures(batch_ids: Iterable[int | None]) -> dict[int, tuple[int, int]]:
-    """``count_outcomes``'s argument for failed jobs of these batches (None: no batch)."""
-    failed: dict[int, int] = defaultdict(int)
-    for batch_id in batch_ids:
-        if batch_id is not None:
-            failed[batch_id] += 1
-    return {batch_id: (0, n) for batch_id, n in failed.items()}
+    end_cancelled(db, cancelled, {claim.concurrency_key for claim in claims})
 
 
 def finish_job(db: str, job_id: int, process_id: int, return_value: object) -> bool:
@@ -559,7 +541,7 @@ def finish_jobs(
 
 def finish_keyed_unbatched(db: str, process_id: int, return_values: dict[int, object]) -> set[int]:
     """PostgreSQL, jobs without a batch: their claims, then their keys' slots, in
-    one transaction of four round trips (BEGIN, the finish, the semaphores' lock,
+    one transaction of five round trips (BEGIN, the finish, the semaphores' lock,
     the recount and promotion, COMMIT) where the ORM path takes a dozen."""
     with transaction.atomic(using=db):
         finished = pg_claims.finish_unbatched(
@@ -750,7 +732,7 @@ def release_claimed(db: str, claim: ClaimedExecution) -> None:
     if job.cancel_requested_at is not None:
         # Cancelled before it ever started: it ends here, costing no attempt, rather
         # than waiting to be claimed again only to be stopped at its start.
-        end_cancelled(db, job, claim.concurrency_key)
+        end_cancelled(db, [job], {claim.concurrency_key})
         return
     if claim.concurrency_key:
         hand_back_to_key(db, claim.concurrency_key, job)
@@ -758,16 +740,19 @@ def release_claimed(db: str, claim: ClaimedExecution) -> None:
         make_ready(db, [job])
 
 
-def end_cancelled(db: str, job: Job, key: str | None) -> None:
-    """A cancelled job whose claim was just deleted, never started: FAILED, JobCancelled."""
+def end_cancelled(db: str, jobs: list[Job], keys: Iterable[str | None]) -> None:
+    """Cancelled jobs whose claims were just deleted, never started: FAILED,
+    JobCancelled. Then the slots of ``keys`` (the deleted claims' concurrency keys)
+    are freed and the jobs' batches counted, in DESIGN.md section 4's order."""
     now = timezone.now()
-    record_cancelled(db, job.pk, job.attempts, now, "cancelled before it started")
-    Job.objects.using(db).filter(pk=job.pk).update(
-        status=JobStatus.FAILED, finished_at=now, unique_lock=None
-    )
-    if key:
-        release_slot(db, key)
-    count_outcome(db, job.batch_id, succeeded=False)
+    for job in jobs:
+        record_cancelled(db, job.pk, job.attempts, now, "cancelled before it started")
+    if jobs:
+        Job.objects.using(db).filter(pk__in=[job.pk for job in jobs]).update(
+            status=JobStatus.FAILED, finished_at=now, unique_lock=None
+        )
+    release_slots(db, {key for key in keys if key})
+    count_failed(db, jobs)
 
 
 def recover_claim(db: str, job_id: int, process_id: int, reason: str) -> str | None:

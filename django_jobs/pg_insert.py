@@ -55,7 +55,6 @@ def statement(db: str) -> tuple[str, list[models.Field]]:
     """The insert's SQL and the fields it takes, in order (built once per database)."""
     connection = connections[db]
     fields = [field for field in Job._meta.concrete_fields if not field.primary_key]
-    quote = connection.ops.quote_name
     arrays, selected = [], []
     for index, field in enumerate(fields):
         if isinstance(field, models.JSONField):
@@ -64,19 +63,9 @@ def statement(db: str) -> tuple[str, list[models.Field]]:
         else:
             arrays.append(f"%s::{field.db_type(connection)}[]")
             selected.append(f"c{index}")
-    columns = ", ".join(quote(field.column) for field in fields)
     names = ", ".join(f"c{index}" for index in range(len(fields)))
-    job_table = quote(Job._meta.db_table)
-    ready_table = quote(ReadyExecution._meta.db_table)
-    sql = (
-        f"WITH new_jobs AS ("
-        f"INSERT INTO {job_table} ({columns}) SELECT {', '.join(selected)} "
-        f"FROM UNNEST({', '.join(arrays)}) AS rows({names}) "
-        f"RETURNING id, queue_name, priority, enqueued_at) "
-        f"INSERT INTO {ready_table} (job_id, queue_name, priority, concurrency_key, created_at) "
-        f"SELECT id, queue_name, priority, NULL, enqueued_at FROM new_jobs RETURNING job_id"
-    )
-    return sql, fields
+    rows = f"SELECT {', '.join(selected)} FROM UNNEST({', '.join(arrays)}) AS rows({names})"
+    return with_ready_rows(db, fields, rows), fields
 
 
 @cache
@@ -88,22 +77,26 @@ def single_statement(db: str) -> tuple[str, list[models.Field]]:
     building a one-element array literal per column, about half the client-side
     cost of the statement (cProfile, 1,000 enqueues).
     """
-    connection = connections[db]
     fields = [field for field in Job._meta.concrete_fields if not field.primary_key]
-    quote = connection.ops.quote_name
     values = ", ".join(
         "%s::jsonb" if isinstance(field, models.JSONField) else "%s" for field in fields
     )
+    return with_ready_rows(db, fields, f"VALUES ({values})"), fields
+
+
+def with_ready_rows(db: str, fields: list[models.Field], rows: str) -> str:
+    """The statement that inserts ``rows`` (a VALUES list or a SELECT giving ``fields``)
+    into the jobs table and a ready row for each, returning the new ids."""
+    quote = connections[db].ops.quote_name
     columns = ", ".join(quote(field.column) for field in fields)
     job_table = quote(Job._meta.db_table)
     ready_table = quote(ReadyExecution._meta.db_table)
-    sql = (
-        f"WITH new_jobs AS (INSERT INTO {job_table} ({columns}) VALUES ({values}) "
+    return (
+        f"WITH new_jobs AS (INSERT INTO {job_table} ({columns}) {rows} "
         f"RETURNING id, queue_name, priority, enqueued_at) "
         f"INSERT INTO {ready_table} (job_id, queue_name, priority, concurrency_key, created_at) "
         f"SELECT id, queue_name, priority, NULL, enqueued_at FROM new_jobs RETURNING job_id"
     )
-    return sql, fields
 
 
 def column_values(field: models.Field, jobs: Sequence[Job]) -> list:

@@ -95,8 +95,9 @@ def ensure_rate_rows(db: str, keys: Iterable[str]) -> None:
     Outside the start transaction on purpose: on InnoDB an ``INSERT IGNORE``
     that meets an existing row takes a shared lock on it, and two transactions
     each holding that shared lock and then asking for the exclusive one would
-    deadlock. Rows are never deleted while a job may need them (see
-    ``maintenance``), so a row created here is there when it is locked.
+    deadlock. Maintenance deletes only rows with no start or plan left within
+    their period (``maintenance.prune_rate_limits``); a start that finds its row
+    deleted in between waits a second (``claims.decide_rates``).
     """
     keys = set(keys)
     existing = set(RateLimit.objects.using(db).filter(key__in=keys).values_list("key", flat=True))

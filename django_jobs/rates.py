@@ -42,9 +42,6 @@ class Rate:
     limit: int
     period: float
 
-    def __str__(self) -> str:
-        return f"{self.limit}/{self.period:g}s"
-
 
 def parse_rate(text: object) -> Rate:
     """A :class:`Rate` from ``"N/period"``; ``ValueError`` saying what is wrong."""
@@ -79,21 +76,14 @@ def is_rate(text: str) -> bool:
     return "/" in text
 
 
-def named_rates(raw: Any) -> dict[str, Rate]:
-    """``DJANGO_JOBS["rate_limits"]`` parsed; ``ValueError`` for the first bad entry."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise ValueError("must be a dict of name -> rate, e.g. {'stripe': '100/s'}")
-    rates = {}
-    for name, text in raw.items():
-        if not isinstance(name, str) or not name or "/" in name:
-            raise ValueError(f"name {name!r} must be a non-empty string without '/'")
-        try:
-            rates[name] = parse_rate(text)
-        except ValueError as exc:
-            raise ValueError(f"{name!r}: {exc}") from None
-    return rates
+def named_rate(name: Any, text: Any) -> Rate:
+    """One entry of ``DJANGO_JOBS["rate_limits"]``; ``ValueError`` naming it if it is bad."""
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(f"name {name!r} must be a non-empty string without '/'")
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise ValueError(f"{name!r}: {exc}") from None
 
 
 def resolve_rate(spec: str, where: str) -> tuple[str | None, Rate]:
