@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -506,7 +506,7 @@ def finish_jobs(
     process_id: int,
     return_values: dict[int, object],
     plain: Collection[int] = (),
-    keyed: Collection[int] = (),
+    keyed: Mapping[int, str] | None = None,
 ) -> set[int]:
     """Record the success of many jobs in one transaction; return the ids finished.
 
@@ -516,39 +516,46 @@ def finish_jobs(
     promoted (:func:`~django_jobs.admission.release_slots`), and the batches are
     counted after every key (DESIGN.md section 4's lock order).
 
-    ``plain`` and ``keyed``: the ids the caller knows to have no batch, and
-    no concurrency key (``plain``) or one (``keyed``). On PostgreSQL those are
-    finished in one statement each (``pg_claims.finish_unbatched``, which checks
-    it: a wrong hint costs a statement, nothing else): the plain ones in
-    autocommit, the keyed ones in a transaction that then frees their slots
-    (``pg_admission``). Only the rest take the general transaction.
+    ``plain`` and ``keyed``: what the caller knows of jobs that have no batch:
+    the ids of those with no concurrency key (``plain``), and the key of each
+    that has one (``keyed``, id -> key). On PostgreSQL those are finished
+    without the ORM (``pg_claims``, which checks the hints: a wrong one costs a
+    statement, nothing else): the plain ones in one statement, the keyed ones
+    with their slots' release in one message. Only the rest take the general
+    transaction.
     """
     if not return_values:
         return set()
     done: set[int] = set()
     if connections[db].vendor == "postgresql":
         plain_values = {pk: return_values[pk] for pk in plain if pk in return_values}
-        keyed_values = {pk: return_values[pk] for pk in keyed if pk in return_values}
+        keyed_values = {pk: return_values[pk] for pk in keyed or {} if pk in return_values}
         if plain_values:
             done |= set(pg_claims.finish_unbatched(db, process_id, plain_values, timezone.now()))
         if keyed_values:
-            done |= finish_keyed_unbatched(db, process_id, keyed_values)
+            done |= finish_keyed_unbatched(db, process_id, keyed_values, keyed or {})
         if len(done) == len(return_values):
             return done
         return_values = {pk: value for pk, value in return_values.items() if pk not in done}
     return done | finish_locked(db, process_id, return_values)
 
 
-def finish_keyed_unbatched(db: str, process_id: int, return_values: dict[int, object]) -> set[int]:
-    """PostgreSQL, jobs without a batch: their claims, then their keys' slots, in
-    one transaction of five round trips (BEGIN, the finish, the semaphores' lock,
-    the recount and promotion, COMMIT) where the ORM path takes a dozen."""
+def finish_keyed_unbatched(
+    db: str, process_id: int, return_values: dict[int, object], keys: Mapping[int, str]
+) -> set[int]:
+    """PostgreSQL, jobs without a batch: their claims, then their keys' slots, in one
+    round trip (``pg_claims.finish_keyed``); where the connection cannot send several
+    statements at once, in one transaction of five (BEGIN, the finish, the
+    semaphores' lock, the recount and promotion, COMMIT)."""
+    now = timezone.now()
+    listed = {pk: keys[pk] for pk in return_values if keys.get(pk)}
+    finished = pg_claims.finish_keyed(db, process_id, return_values, listed, now)
+    if finished is not None:
+        return set(finished)
     with transaction.atomic(using=db):
-        finished = pg_claims.finish_unbatched(
-            db, process_id, return_values, timezone.now(), keyed=True
-        )
-        release_slots(db, {key for key in finished.values() if key})
-    return set(finished)
+        found = pg_claims.finish_unbatched(db, process_id, return_values, now, keyed=True)
+        release_slots(db, {key for key in found.values() if key})
+    return set(found)
 
 
 def finish_locked(db: str, process_id: int, return_values: dict[int, object]) -> set[int]:

@@ -18,6 +18,7 @@ ready and job rows of their keys come after.
 from __future__ import annotations
 
 from datetime import datetime
+from functools import cache
 
 from django.db import connections
 
@@ -30,6 +31,34 @@ def recount_and_promote(db: str, semaphores: list[Semaphore], now: datetime) -> 
     key's next blocked jobs (priority, then age); returns how many were promoted."""
     if not semaphores:
         return 0
+    params = recount_params([row.key for row in semaphores], now)
+    with connections[db].cursor() as cursor:
+        cursor.execute(recount_statement(db), params)
+        queues = [row[0] for row in cursor.fetchall()]
+    if queues:
+        jobs_ready(db, queues)
+    return len(queues)
+
+
+def recount_params(keys: list[str], now: datetime) -> dict[str, object]:
+    return {"keys": keys, "now": now, "ready": JobStatus.READY}
+
+
+@cache
+def lock_statement(db: str) -> str:
+    """Lock the semaphores of ``%(keys)s`` in ascending key order, by code point
+    (``admission.lock_semaphores``' order; PostgreSQL locks the sorted rows in turn)."""
+    quote = connections[db].ops.quote_name
+    return (
+        f"SELECT 1 FROM {quote(Semaphore._meta.db_table)} WHERE key = ANY(%(keys)s) "
+        f'ORDER BY key COLLATE "C" FOR UPDATE'
+    )
+
+
+@cache
+def recount_statement(db: str) -> str:
+    """The recount and promotion of the (locked) semaphores of ``%(keys)s``; gives the
+    queue of each job promoted."""
     connection = connections[db]
     quote = connection.ops.quote_name
     job, ready, claimed, blocked, semaphore = (
@@ -37,8 +66,7 @@ def recount_and_promote(db: str, semaphores: list[Semaphore], now: datetime) -> 
         for model in (Job, ReadyExecution, ClaimedExecution, BlockedExecution, Semaphore)
     )
     limit = quote("limit")
-    keys = [row.key for row in semaphores]
-    sql = (
+    return (
         f"WITH held AS ("
         f"SELECT concurrency_key AS key, count(*) AS n FROM {ready} "
         f"WHERE concurrency_key = ANY(%(keys)s) GROUP BY concurrency_key "
@@ -49,7 +77,7 @@ def recount_and_promote(db: str, semaphores: list[Semaphore], now: datetime) -> 
         f"GROUP BY concurrency_key), "
         f"room AS (SELECT s.id, s.key, s.{limit} - COALESCE(SUM(held.n), 0) AS free "
         f"FROM {semaphore} AS s LEFT JOIN held ON held.key = s.key "
-        f"WHERE s.id = ANY(%(ids)s) GROUP BY s.id, s.key, s.{limit}), "
+        f"WHERE s.key = ANY(%(keys)s) GROUP BY s.id, s.key, s.{limit}), "
         f"ranked AS (SELECT job_id, queue_name, priority, concurrency_key, "
         f"row_number() OVER (PARTITION BY concurrency_key "
         f"ORDER BY priority DESC, job_id) AS position "
@@ -70,15 +98,3 @@ def recount_and_promote(db: str, semaphores: list[Semaphore], now: datetime) -> 
         f"WHERE s.id = room.id) "
         f"SELECT queue_name FROM readied"
     )
-    params = {
-        "keys": keys,
-        "ids": [row.pk for row in semaphores],
-        "now": now,
-        "ready": JobStatus.READY,
-    }
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        queues = [row[0] for row in cursor.fetchall()]
-    if queues:
-        jobs_ready(db, queues)
-    return len(queues)

@@ -25,6 +25,13 @@ from django.db import connections
 from django.db.models import Q
 
 from .models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution, UniqueUntil
+from .notify import jobs_ready
+from .pg_admission import lock_statement, recount_params, recount_statement
+
+try:
+    from psycopg import ClientCursor
+except ImportError:  # psycopg2, or no PostgreSQL driver installed at all
+    ClientCursor = None
 
 
 def claim_matching(
@@ -222,29 +229,94 @@ def finish_unbatched(
     slots (``admission.release_slots``), after these claims' locks (DESIGN.md
     section 4). The others are left to the caller.
     """
+    params = finish_params(process_id, return_values, now)
+    with connections[db].cursor() as cursor:
+        cursor.execute(finish_statement(db, "any" if keyed else "none"), params)
+        return dict(cursor.fetchall())
+
+
+def finish_keyed(
+    db: str,
+    process_id: int,
+    return_values: dict[int, object],
+    keys: dict[int, str],
+    now: datetime,
+) -> dict[int, str] | None:
+    """:func:`finish_unbatched` for jobs with a concurrency key, and the release of
+    their slots, in one message to the server: three statements that it runs as
+    one transaction (the simple query protocol's implicit transaction block).
+
+    ``keys``: each job's key, as the caller read it with the job. Only claims of
+    those keys are finished, so every key a finish frees is one whose semaphore
+    the second statement locks (ascending, after the claims: DESIGN.md section
+    4) and the third recounts. Each statement takes its own snapshot, so the
+    recount sees every holder committed before the locks were granted, as
+    ``admission.release_slots`` requires. A key locked for a job whose claim was
+    gone is recounted for nothing, which changes nothing. An error in any of
+    the three rolls all three back.
+
+    One round trip where BEGIN, the finish, the lock, the recount and COMMIT
+    take five. Returns None, having done nothing, when the connection binds
+    parameters on the server (``OPTIONS["server_side_binding"]``): a prepared
+    statement is one statement, and the caller takes the transactional path.
+    """
+    connection = connections[db]
+    params = {
+        **finish_params(process_id, return_values, now),
+        **recount_params(sorted(set(keys.values())), now),
+    }
+    sql = ";\n".join((finish_statement(db, "listed"), lock_statement(db), recount_statement(db)))
+    with connection.cursor() as cursor:
+        if ClientCursor is None or not isinstance(cursor.cursor, ClientCursor):
+            return None
+        cursor.execute(sql, params)
+        finished = dict(cursor.fetchall())
+        cursor.nextset()  # the semaphores' lock: nothing to read
+        cursor.nextset()
+        queues = [row[0] for row in cursor.fetchall()]
+    if queues:
+        jobs_ready(db, queues)
+    return finished
+
+
+def finish_params(
+    process_id: int, return_values: dict[int, object], now: datetime
+) -> dict[str, object]:
+    encoder = Job._meta.get_field("return_value").encoder
+    return {
+        "process": process_id,
+        "ids": list(return_values),
+        "values": [
+            None if value is None else json.dumps(value, cls=encoder)
+            for value in return_values.values()
+        ],
+        "succeeded": JobStatus.SUCCEEDED,
+        "now": now,
+    }
+
+
+@functools.cache
+def finish_statement(db: str, keys: str) -> str:
+    """The finish of :func:`finish_unbatched`. ``keys``: which claims it may finish
+    beside those without a key: "none", "any", or "listed" (those of ``%(keys)s``)."""
     connection = connections[db]
     quote = connection.ops.quote_name
     job, claimed = quote(Job._meta.db_table), quote(ClaimedExecution._meta.db_table)
-    encoder = Job._meta.get_field("return_value").encoder
-    ids = list(return_values)
-    values = [
-        None if value is None else json.dumps(value, cls=encoder)
-        for value in return_values.values()
-    ]
-    keyless = "" if keyed else "AND concurrency_key IS NULL "
-    sql = (
-        f"WITH held AS (SELECT job_id FROM {claimed} WHERE process_id = %s "
-        f"AND job_id = ANY(%s) {keyless}AND batch_id IS NULL "
+    which = {
+        "none": "AND concurrency_key IS NULL ",
+        "any": "",
+        "listed": "AND concurrency_key = ANY(%(keys)s) ",
+    }[keys]
+    return (
+        f"WITH held AS (SELECT job_id FROM {claimed} WHERE process_id = %(process)s "
+        f"AND job_id = ANY(%(ids)s) {which}AND batch_id IS NULL "
         f"ORDER BY job_id FOR UPDATE), "
         f"gone AS (DELETE FROM {claimed} AS c USING held WHERE c.job_id = held.job_id "
         f"RETURNING c.job_id, c.concurrency_key), "
-        f"outcome AS (SELECT * FROM UNNEST(%s::bigint[], %s::text[]) AS v(job_id, value)) "
-        f"UPDATE {job} SET status = %s, finished_at = %s, unique_lock = NULL, "
+        f"outcome AS (SELECT * FROM UNNEST(%(ids)s::bigint[], %(values)s::text[]) "
+        f"AS v(job_id, value)) "
+        f"UPDATE {job} SET status = %(succeeded)s, finished_at = %(now)s, unique_lock = NULL, "
         f"return_value = outcome.value::jsonb "
         f"FROM gone JOIN outcome ON outcome.job_id = gone.job_id "
         f"WHERE {job}.id = gone.job_id RETURNING {job}.id, gone.concurrency_key"
     )
-    params = [process_id, ids, ids, values, JobStatus.SUCCEEDED, now]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return dict(cursor.fetchall())

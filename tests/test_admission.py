@@ -11,11 +11,11 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 
 from django_jobs import admission, bulk_enqueue, pg_admission
 from django_jobs.admission import reconcile_key, release_slot
-from django_jobs.claims import claim_jobs, finish_job, start_job
+from django_jobs.claims import claim_jobs, finish_job, finish_jobs, start_job
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -35,10 +35,12 @@ from tests.factories import (
 )
 from tests.transition_tasks import (
     DB,
+    TIMEOUT,
     InThread,
     backend_id,
     has_row_locks,
     is_waiting_for_row_lock,
+    vendor,
     wait_until,
 )
 
@@ -191,6 +193,49 @@ class TestFinishPromotes:
         # Nothing was lost: the finish can still happen, once.
         assert finish_job(DB, a, worker.pk, "done")
         assert status(a) == JobStatus.SUCCEEDED and status(b) == R
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_one_message_keyed_finish_is_all_or_nothing(worker):
+    """PostgreSQL sends a keyed finish, its semaphores' lock and the promotion as three
+    statements in one message (pg_claims.finish_keyed): the server must run them as
+    one transaction, so a promotion that fails takes the finish back too. Sent as
+    three transactions, the finish would stay and the blocked job would be stranded."""
+    if vendor() != "postgresql":
+        pytest.skip("the one-message finish is PostgreSQL's")
+    a = enqueue(tt.one_at_a_time, "x")
+    job = run_next(worker)
+    b = enqueue(tt.one_at_a_time, "x")
+    assert status(b) == B
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_blocked_row() -> None:
+        # The promotion deletes this row: it waits for this lock, then gives up.
+        with transaction.atomic():
+            assert list(BlockedExecution.objects.select_for_update().filter(job_id=b))
+            held.set()
+            release.wait(TIMEOUT)
+
+    holder = InThread(hold_the_blocked_row)
+    assert held.wait(TIMEOUT)
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '300ms'")
+    try:
+        with pytest.raises(OperationalError, match="lock timeout"):
+            finish_jobs(DB, worker.pk, {a: "done"}, keyed={a: job.concurrency_key})
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+        release.set()
+        holder.join()
+    row = Job.objects.get(pk=a)
+    assert (row.status, row.return_value, row.finished_at) == (JobStatus.RUNNING, None, None)
+    assert ClaimedExecution.objects.filter(job_id=a, process_id=worker.pk).exists()
+    assert status(b) == B and semaphore("one/x") == (1, 0)
+    # Once the row is free, the same call does all three, once.
+    assert finish_jobs(DB, worker.pk, {a: "done"}, keyed={a: job.concurrency_key}) == {a}
+    assert status(a) == JobStatus.SUCCEEDED and status(b) == R
+    assert semaphore("one/x") == (1, 0)
 
 
 @pytest.mark.django_db

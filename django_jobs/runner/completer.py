@@ -110,7 +110,7 @@ def write_successes(ctx: ExecutionContext, batch: list[Success]) -> None:
     # for those with a concurrency key).
     unbatched = [success.job for success in batch if success.job.batch_id is None]
     plain = [job.pk for job in unbatched if not job.concurrency_key]
-    keyed = [job.pk for job in unbatched if job.concurrency_key]
+    keyed = {job.pk: job.concurrency_key for job in unbatched if job.concurrency_key}
     done = persist(
         ctx,
         f"finishing job{'s' if len(values) > 1 else ''} {', '.join(map(str, values))}",
