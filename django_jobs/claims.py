@@ -75,10 +75,12 @@ def claim_jobs(
     can never both see room for the last slot (taskito #104), and a cap of N
     lets exactly N run.
 
-    ``worker_id``: the caller runs the jobs at once, so on PostgreSQL without
-    caps the claim also starts those it can (``pg_claims.claim_matching``):
-    they come back ``RUNNING``, their attempt counted; the rest ``CLAIMED``, for
-    :func:`start_jobs`. The ORM path only claims.
+    ``worker_id``: the caller runs the jobs at once, so the claim also starts
+    those it can (:func:`starts_at_claim`; on PostgreSQL without caps in the
+    claim's one statement, ``pg_claims.claim_matching``): they come back
+    ``RUNNING``, their attempt counted; the rest ``CLAIMED``, for
+    :func:`start_jobs`. A worker that then does not run one takes the start back
+    (:func:`undo_start`).
     """
     if limit <= 0:
         return []
@@ -155,10 +157,28 @@ def claim_jobs(
             ]
         )
         delete_executions(db, ReadyExecution, ids)
-        Job.objects.using(db).filter(pk__in=ids).update(status=JobStatus.CLAIMED)
-    for job in jobs.values():
+        starting = [] if worker_id is None else [pk for pk in ids if starts_at_claim(jobs[pk])]
+        claimed_only = sorted(set(ids) - set(starting))
+        if claimed_only:
+            Job.objects.using(db).filter(pk__in=claimed_only).update(status=JobStatus.CLAIMED)
+        rows = [
+            (pk, jobs[pk].attempts, jobs[pk].worker_ids, jobs[pk].started_at, None)
+            for pk in starting
+        ]
+        written = write_starts(db, rows, worker_id or "", now, {})
+    for pk, job in jobs.items():
         job.status = JobStatus.CLAIMED
+        if pk in written:
+            job.attempts, job.worker_ids, job.started_at, job.last_attempted_at = written[pk]
+            job.status = JobStatus.RUNNING
     return [jobs[job_id] for job_id in ids]
+
+
+def starts_at_claim(job: Job) -> bool:
+    """Whether a worker's claim also counts ``job``'s attempt (``claim_jobs``): not
+    when its start is decided under another lock (a rate limit), nor when it lets
+    go of a unique key as it starts, which a hand-back could not take back."""
+    return job.rate_key is None and job.unique_until != UniqueUntil.START
 
 
 # A prefix claim on MariaDB/MySQL reads this many candidates per job it wants, in up to
@@ -399,35 +419,55 @@ def start_locked(
             )
         )
         waiting, starts = decide_rates(db, rows, now)
+        starting = [
+            (pk, attempts, worker_ids, started_at, unique_until, rate_key)
+            for pk, attempts, worker_ids, started_at, unique_until, rate_key, *_ in rows
+            if pk not in waiting
+        ]
         written: dict[int, tuple | Waiting] = dict(waiting)
-        # Jobs whose new column values coincide share one UPDATE (usually all of them).
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for pk, attempts, worker_ids, started_at, unique_until, rate_key, *_ in rows:
-            if pk in waiting:
-                continue
-            stamp = now if rate_key is None else starts[pk]
-            worker_ids = [*(worker_ids or []), worker_id]
-            written[pk] = (attempts + 1, worker_ids, started_at or stamp, stamp)
-            shape = (
-                attempts + 1,
-                json.dumps(worker_ids),
-                started_at is None,
-                unique_until == UniqueUntil.START,
-                stamp,
-                rate_key is not None,
-            )
-            groups[shape].append(pk)
-        for (attempts, worker_ids, first_start, releases_key, stamp, rated), pks in groups.items():
-            # A job unique only while waiting lets go of its key as it starts.
-            Job.objects.using(db).filter(pk__in=pks).update(
-                status=JobStatus.RUNNING,
-                attempts=attempts,
-                worker_ids=json.loads(worker_ids),
-                last_attempted_at=stamp,
-                **({"started_at": stamp} if first_start else {}),
-                **({"unique_lock": None} if releases_key else {}),
-                **({"rate_reserved_at": None} if rated else {}),
-            )
+        written.update(write_starts(db, starting, worker_id, now, starts))
+    return written
+
+
+def write_starts(
+    db: str,
+    rows: list[tuple],
+    worker_id: str,
+    now: datetime,
+    starts: dict[int, datetime],
+) -> dict[int, tuple]:
+    """Count the attempt of each job of ``rows`` (``(pk, attempts, worker_ids,
+    started_at, unique_until[, rate_key])`` as read under a lock the caller holds);
+    returns each one's ``(attempts, worker_ids, started_at, last_attempted_at)`` as
+    written. ``starts``: the recorded start of each rate-limited one."""
+    written: dict[int, tuple] = {}
+    # Jobs whose new column values coincide share one UPDATE (usually all of them).
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for pk, attempts, worker_ids, started_at, unique_until, *rated in rows:
+        rate_key = rated[0] if rated else None
+        stamp = now if rate_key is None else starts[pk]
+        worker_ids = [*(worker_ids or []), worker_id]
+        written[pk] = (attempts + 1, worker_ids, started_at or stamp, stamp)
+        shape = (
+            attempts + 1,
+            json.dumps(worker_ids),
+            started_at is None,
+            unique_until == UniqueUntil.START,
+            stamp,
+            rate_key is not None,
+        )
+        groups[shape].append(pk)
+    for (attempts, worker_ids, first_start, releases_key, stamp, rated), pks in groups.items():
+        # A job unique only while waiting lets go of its key as it starts.
+        Job.objects.using(db).filter(pk__in=pks).update(
+            status=JobStatus.RUNNING,
+            attempts=attempts,
+            worker_ids=json.loads(worker_ids),
+            last_attempted_at=stamp,
+            **({"started_at": stamp} if first_start else {}),
+            **({"unique_lock": None} if releases_key else {}),
+            **({"rate_reserved_at": None} if rated else {}),
+        )
     return written
 
 
