@@ -658,7 +658,7 @@ def fail_job(
 def undo_start(db: str, job_id: int) -> None:
     """Uncount the start of a job whose body never ran; its caller holds its claim's lock.
 
-    On PostgreSQL a worker's claim starts the jobs it claims (``claim_jobs``).
+    A worker's claim starts the jobs it claims (``claim_jobs``).
     When that worker then does not run one (a stop began, its task cannot be
     imported, its claim's commit seemed lost) the attempt was never made, so it
     is taken back: attempts are real starts (DESIGN.md invariant 4). A job that

@@ -75,9 +75,11 @@ MAX_PAYLOAD = 7900
 NOTIFY_SQL = "SELECT set_config('synchronous_commit', 'off', true)"
 # Seconds between two notifications of one process at least: what is handed over
 # meanwhile goes out with the next one, and the first after a quiet spell at once. Each
-# notification wakes every listening worker process; more often than a worker can claim
-# would wake them for nothing.
-MIN_INTERVAL = 0.005
+# notification wakes every listening worker process, and each takes the server's notify
+# lock, which every committing transaction that notifies queues for: 8 processes
+# enqueuing at once kept 0.68-0.73 of their rate without notifications at 5 ms, 0.80-0.97
+# at 20 ms (bench/throughput.py --phases concurrent, alternated runs).
+MIN_INTERVAL = 0.02
 # Seconds without anything to send after which the connection is closed.
 IDLE_CLOSE = 2.0
 # Seconds the interpreter's exit waits for pending notifications (none in an outage).

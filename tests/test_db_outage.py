@@ -17,12 +17,13 @@ import pytest
 from django.db import OperationalError, connection, connections
 from django.utils import timezone
 
+from django_jobs.claims import claim_jobs
 from django_jobs.conf import JobsSettings
 from django_jobs.models import ClaimedExecution, JobStatus, Process
 from django_jobs.processes import register_process
 from django_jobs.runner.lifecycle import Lifecycle
 from django_jobs.runner.worker import Worker
-from tests import tasks
+from tests import batch_tasks, tasks
 from tests.harness import database_url, error_paths, job_row, runs_of, wait_until
 
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
@@ -161,37 +162,31 @@ def test_the_worker_rides_out_a_database_outage(run_jobs, proxy, tmp_path, mode)
     assert Process.objects.count() == 0
 
 
-def lose_the_answer_once(real):
+def lose_the_answer_once(real, then=None):
     """``real`` commits, then the first call reports a lost connection anyway, as when
-    the connection drops after the server committed but before the client heard so."""
+    the connection drops after the server committed but before the client heard so.
+    ``lost`` says whether that happened; ``then`` runs just before the error."""
     lost = []
 
     def wrapper(*args, **kwargs):
         value = real(*args, **kwargs)
         if not lost:
             lost.append(True)
+            if then is not None:
+                then()
             raise OperationalError("server closed the connection unexpectedly (simulated)")
         return value
 
-    return wrapper
+    return wrapper, lost
 
 
-@pytest.mark.parametrize(
-    "target", ["django_jobs.runner.worker.claim_jobs", "django_jobs.runner.executor.start_jobs"]
-)
-def test_a_commit_whose_answer_was_lost_is_neither_stranded_nor_counted_twice(monkeypatch, target):
-    """The one outage a proxy cannot time: between the server's COMMIT and the reply.
-
-    A lost claim would stay claimed by a live worker forever (no one recovers a live
-    process's claims); a repeated start would count one run as two attempts.
-    """
-    result = tasks.add.enqueue(1, 2)
-    module, name = target.rsplit(".", 1)
-    monkeypatch.setattr(target, lose_the_answer_once(getattr(import_module(module), name)))
-    conf = JobsSettings.load(threads=1, polling_interval=0.01, db_retry_max_delay=0.05)
+def worker_once(**options) -> Worker:
+    conf = JobsSettings.load(threads=1, polling_interval=0.01, db_retry_max_delay=0.05, **options)
     process = register_process(conf.database, Process.Kind.WORKER)
-    worker = Worker(conf, process.pk, process.name, Lifecycle(), once=True)
+    return Worker(conf, process.pk, process.name, Lifecycle(), once=True)
 
+
+def run_to_the_end(worker: Worker) -> None:
     def run() -> None:
         try:
             worker.run()
@@ -205,8 +200,51 @@ def test_a_commit_whose_answer_was_lost_is_neither_stranded_nor_counted_twice(mo
     if not drained:
         worker.lifecycle.request_immediate("test timed out")
         thread.join(5)
-    assert drained, "the worker never drained its queue (a claim left stranded?)"
+    assert drained, "the worker never ended (a claim left stranded?)"
+
+
+@pytest.mark.parametrize(
+    ("target", "task", "args"),
+    [
+        ("django_jobs.runner.worker.claim_jobs", tasks.add, (1, 2)),
+        # A job that the claim does not start (it lets go of its unique key as it starts):
+        # its start is the start transaction's, whose answer is lost here.
+        ("django_jobs.runner.executor.start_jobs", batch_tasks.unique_while_waiting, (3,)),
+    ],
+)
+def test_a_commit_whose_answer_was_lost_is_neither_stranded_nor_counted_twice(
+    monkeypatch, target, task, args
+):
+    """The one outage a proxy cannot time: between the server's COMMIT and the reply.
+
+    A lost claim would stay claimed by a live worker forever (no one recovers a live
+    process's claims); a repeated start would count one run as two attempts.
+    """
+    result = task.enqueue(*args)
+    module, name = target.rsplit(".", 1)
+    wrapper, lost = lose_the_answer_once(getattr(import_module(module), name))
+    monkeypatch.setattr(target, wrapper)
+    run_to_the_end(worker_once())
+    assert lost, "the commit's answer was never lost: nothing was tested"
     job = job_row(result)
     assert (job.status, job.attempts, job.return_value) == (JobStatus.SUCCEEDED, 1, 3)
+    assert error_paths(result) == []
+    assert not ClaimedExecution.objects.exists()
+
+
+def test_a_claim_whose_answer_was_lost_then_a_stop_costs_no_attempt(monkeypatch):
+    """The claim (which starts its jobs) commits, its answer is lost, and a stop comes
+    before the next claim could hand the jobs back: the stop hands them back. Left to
+    recovery, each would count as a failed attempt of a body that never ran."""
+    result = tasks.add.enqueue(1, 2)
+    worker = worker_once()
+    wrapper, lost = lose_the_answer_once(
+        claim_jobs, then=lambda: worker.lifecycle.request_stop("test")
+    )
+    monkeypatch.setattr("django_jobs.runner.worker.claim_jobs", wrapper)
+    run_to_the_end(worker)
+    assert lost
+    job = job_row(result)
+    assert (job.status, job.attempts, job.worker_ids) == (JobStatus.READY, 0, [])
     assert error_paths(result) == []
     assert not ClaimedExecution.objects.exists()

@@ -18,7 +18,7 @@ from ..models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution
 from ..queues import QueueSelector
 from ..scheduling import promote_due_jobs
 from .completer import Completer
-from .context import ExecutionContext
+from .context import ExecutionContext, persist
 from .db_retry import DB_ERRORS, Backoff, reset_connection
 from .executor import execute_job, start_claimed
 from .lifecycle import Lifecycle
@@ -193,7 +193,7 @@ class Worker:
     def claim_and_submit(self, limit: int) -> int:
         """Claim, count the attempts of the claimed jobs in one transaction, run them.
 
-        On PostgreSQL the claim itself counts the attempts of most jobs (see
+        The claim itself counts the attempts of most jobs (see
         ``claims.claim_jobs``); the others are started here in one transaction.
         A job whose task cannot be imported, or claimed as a stop began, is not
         run: its thread fails it, or hands it back, with any start the claim
@@ -265,6 +265,11 @@ class Worker:
         and another worker could start the next job of a limit-1 key before this
         process had exited.
         """
+        if self.claims_in_doubt:
+            # A claim whose commit seemed lost, then a stop before the next claim could
+            # hand its jobs back: do it now. Left to recovery, jobs the claim started
+            # would count as failed attempts of bodies that never ran.
+            persist(self.ctx, "handing back claims no thread runs", self.release_orphaned_claims)
         deadline = time.monotonic() + self.conf.shutdown_timeout
         while (
             self.running_besides_stuck()
