@@ -87,7 +87,7 @@ class Batch(models.Model):
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
     backend = models.CharField(max_length=64, default="default")
-    task_path = models.CharField(max_length=255, db_index=True)
+    task_path = models.CharField(max_length=255)
     queue_name = models.CharField(max_length=128)
     priority = models.SmallIntegerField(default=0)
     args = models.JSONField(default=list)
@@ -111,7 +111,7 @@ class Job(models.Model):
     worker_ids = models.JSONField(default=list)
     return_value = models.JSONField(null=True, blank=True)
 
-    concurrency_key = models.CharField(max_length=255, null=True, blank=True, db_index=True)
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
     concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
     # Seconds a running holder keeps its slot even if it runs longer (a lease); None: for
     # as long as it runs.
@@ -129,7 +129,7 @@ class Job(models.Model):
     rate_reserved_at = models.DateTimeField(null=True, blank=True)
 
     # The resolved ``unique_key`` of a unique task, kept for the record.
-    unique_key = models.CharField(max_length=255, null=True, blank=True, db_index=True)
+    unique_key = models.CharField(max_length=255, null=True, blank=True)
     # The same key while the job is covered (see ``unique_until``), NULL after: the unique
     # index on this column, not a read-then-insert, is what refuses a second such job.
     unique_lock = models.CharField(max_length=255, null=True, blank=True, unique=True)
@@ -160,6 +160,12 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["status", "finished_at"], name="jobs_job_status_finished"),
             models.Index(fields=["queue_name", "status"], name="jobs_job_queue_status"),
+            # Declared here, not with ``db_index=True``: on PostgreSQL that adds a second
+            # index per column (``varchar_pattern_ops``, for LIKE), which no query of ours
+            # uses and every enqueue wrote.
+            models.Index(fields=["task_path"], name="jobs_job_task_path"),
+            models.Index(fields=["concurrency_key"], name="jobs_job_concurrency_key"),
+            models.Index(fields=["unique_key"], name="jobs_job_unique_key"),
         ]
 
     def __str__(self) -> str:
