@@ -157,15 +157,17 @@ def claim_jobs(
             ]
         )
         delete_executions(db, ReadyExecution, ids)
-        starting = [] if worker_id is None else [pk for pk in ids if starts_at_claim(jobs[pk])]
-        claimed_only = sorted(set(ids) - set(starting))
-        if claimed_only:
-            Job.objects.using(db).filter(pk__in=claimed_only).update(status=JobStatus.CLAIMED)
+        starting = (
+            [] if worker_id is None else [jobs[pk] for pk in ids if starts_at_claim(jobs[pk])]
+        )
         rows = [
-            (pk, jobs[pk].attempts, jobs[pk].worker_ids, jobs[pk].started_at, None)
-            for pk in starting
+            (job.pk, job.attempts, job.worker_ids, job.started_at, job.unique_until, job.rate_key)
+            for job in starting
         ]
         written = write_starts(db, rows, worker_id or "", now, {})
+        claimed_only = [pk for pk in ids if pk not in written]
+        if claimed_only:
+            Job.objects.using(db).filter(pk__in=claimed_only).update(status=JobStatus.CLAIMED)
     for pk, job in jobs.items():
         job.status = JobStatus.CLAIMED
         if pk in written:
@@ -437,14 +439,13 @@ def write_starts(
     starts: dict[int, datetime],
 ) -> dict[int, tuple]:
     """Count the attempt of each job of ``rows`` (``(pk, attempts, worker_ids,
-    started_at, unique_until[, rate_key])`` as read under a lock the caller holds);
+    started_at, unique_until, rate_key)`` as read under a lock the caller holds);
     returns each one's ``(attempts, worker_ids, started_at, last_attempted_at)`` as
     written. ``starts``: the recorded start of each rate-limited one."""
     written: dict[int, tuple] = {}
     # Jobs whose new column values coincide share one UPDATE (usually all of them).
     groups: dict[tuple, list[int]] = defaultdict(list)
-    for pk, attempts, worker_ids, started_at, unique_until, *rated in rows:
-        rate_key = rated[0] if rated else None
+    for pk, attempts, worker_ids, started_at, unique_until, rate_key in rows:
         stamp = now if rate_key is None else starts[pk]
         worker_ids = [*(worker_ids or []), worker_id]
         written[pk] = (attempts + 1, worker_ids, started_at or stamp, stamp)
@@ -568,12 +569,14 @@ def finish_jobs(
         return set()
     done: set[int] = set()
     if connections[db].vendor == "postgresql":
+        keyed = keyed or {}
         plain_values = {pk: return_values[pk] for pk in plain if pk in return_values}
-        keyed_values = {pk: return_values[pk] for pk in keyed or {} if pk in return_values}
+        keyed_values = {pk: return_values[pk] for pk in keyed if pk in return_values}
         if plain_values:
             done |= set(pg_claims.finish_unbatched(db, process_id, plain_values, timezone.now()))
         if keyed_values:
-            done |= finish_keyed_unbatched(db, process_id, keyed_values, keyed or {})
+            keys = {keyed[pk] for pk in keyed_values}
+            done |= finish_keyed_unbatched(db, process_id, keyed_values, keys)
         if len(done) == len(return_values):
             return done
         return_values = {pk: value for pk, value in return_values.items() if pk not in done}
@@ -581,15 +584,14 @@ def finish_jobs(
 
 
 def finish_keyed_unbatched(
-    db: str, process_id: int, return_values: dict[int, object], keys: Mapping[int, str]
+    db: str, process_id: int, return_values: dict[int, object], keys: Collection[str]
 ) -> set[int]:
     """PostgreSQL, jobs without a batch: their claims, then their keys' slots, in one
     round trip (``pg_claims.finish_keyed``); where the connection cannot send several
     statements at once, in one transaction of five (BEGIN, the finish, the
     semaphores' lock, the recount and promotion, COMMIT)."""
     now = timezone.now()
-    listed = {pk: keys[pk] for pk in return_values if keys.get(pk)}
-    finished = pg_claims.finish_keyed(db, process_id, return_values, listed, now)
+    finished = pg_claims.finish_keyed(db, process_id, return_values, keys, now)
     if finished is not None:
         return set(finished)
     with transaction.atomic(using=db):

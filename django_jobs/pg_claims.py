@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Collection
 from datetime import datetime
 
 from django.db import connections
@@ -239,14 +240,14 @@ def finish_keyed(
     db: str,
     process_id: int,
     return_values: dict[int, object],
-    keys: dict[int, str],
+    keys: Collection[str],
     now: datetime,
 ) -> dict[int, str] | None:
     """:func:`finish_unbatched` for jobs with a concurrency key, and the release of
     their slots, in one message to the server: three statements that it runs as
     one transaction (the simple query protocol's implicit transaction block).
 
-    ``keys``: each job's key, as the caller read it with the job. Only claims of
+    ``keys``: the jobs' keys, as the caller read them with the jobs. Only claims of
     those keys are finished, so every key a finish frees is one whose semaphore
     the second statement locks (ascending, after the claims: DESIGN.md section
     4) and the third recounts. Each statement takes its own snapshot, so the
@@ -263,7 +264,7 @@ def finish_keyed(
     connection = connections[db]
     params = {
         **finish_params(process_id, return_values, now),
-        **recount_params(sorted(set(keys.values())), now),
+        **recount_params(sorted(set(keys)), now),
     }
     sql = ";\n".join((finish_statement(db, "listed"), lock_statement(db), recount_statement(db)))
     with connection.cursor() as cursor:
