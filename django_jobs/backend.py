@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from django.db import OperationalError, connections, transaction
+from django.db import OperationalError, connections
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -22,6 +22,7 @@ from .pg_insert import CHUNK_SIZE, can_insert_in_one_statement, insert_ready_job
 from .results import build_result
 from .serialization import json_arguments
 from .tracing import record_enqueue
+from .transactions import hot_transaction
 from .uniqueness import insert_unique, retry_after, unique_in_key_order
 
 BULK_BATCH_SIZE = 1000
@@ -96,7 +97,7 @@ class JobsBackend(BaseTaskBackend):
             results = [build_result(job, task=task) for job, task in prepared]
             return results, results
         holders: dict[int, Job] = {}
-        with transaction.atomic(using=db):
+        with hot_transaction(db):
             insert_ready_jobs(db, quick)
             quick_ids = {id(job) for job in quick}
             plain = [

@@ -697,6 +697,24 @@ def test_a_batched_finish_writes_only_the_claims_still_held(worker, hinted):
     assert not ClaimedExecution.objects.exists()
 
 
+RETURN_VALUES = [None, 0, 1.5, True, "", "it's \"quoted\" é", [], [1, [2]], {"a": {"b": None}}]
+
+
+@pytest.mark.parametrize("hinted", [False, True], ids=["general", "plain"])
+def test_a_batched_finish_writes_each_jobs_own_return_value(worker, hinted):
+    """One UPDATE writes every job's value (a CASE on the general path): each JSON type
+    comes back as it was returned, and a job that returned None reads NULL."""
+    bulk_enqueue([(tt.noop, (n,), {}) for n in range(len(RETURN_VALUES))])
+    jobs = start_jobs(DB, claim_jobs(DB, worker.pk, ALL, len(RETURN_VALUES)), worker.pk, "w")
+    values = {job.pk: value for job, value in zip(jobs, RETURN_VALUES, strict=True)}
+    plain = list(values) if hinted else []
+    assert finish_jobs(DB, worker.pk, values, plain) == set(values)
+    rows = dict(Job.objects.values_list("pk", "return_value"))
+    assert rows == values
+    assert set(Job.objects.values_list("status", flat=True)) == {JobStatus.SUCCEEDED}
+    assert Job.objects.filter(return_value__isnull=True).count() == 1
+
+
 @pytest.mark.parametrize("hinted", [False, True], ids=["general", "wrongly-plain"])
 def test_a_batched_finish_frees_each_keys_slot_for_its_next_job(worker, hinted):
     """A keyed job wrongly hinted as plain still frees its slot: the one statement

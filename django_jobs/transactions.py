@@ -1,0 +1,96 @@
+"""One transaction for the worker's hot paths, without Django's autocommit toggles on MySQL.
+
+``transaction.atomic()`` opens a transaction by turning the connection's
+autocommit off and closes it by turning it back on. On PostgreSQL and SQLite
+that is a flag in the driver; on MySQL and MariaDB each turn is a statement
+(``SET autocommit=0``, ``SET autocommit=1``) and so a round trip: a claim or a
+finish of a few short statements paid four round trips of bookkeeping where two
+(``START TRANSACTION``, ``COMMIT``) open and close the same transaction. A
+drain's workers are bound by their claim and finish round trips, not by CPU,
+so those two are throughput (docs/running.md, "What a job costs").
+
+:func:`hot_transaction` opens the transaction with ``START TRANSACTION`` while
+the session stays in autocommit, and tells Django it is in an atomic block
+with autocommit off, so that everything inside behaves as in ``atomic()``:
+nested ``atomic()`` blocks take real savepoints, a failed statement marks the
+block for rollback, ``on_commit`` callbacks run after the commit (and are
+dropped on rollback). Where it cannot do that exactly (another database, a
+block already open, a connection not in autocommit) it *is* ``atomic()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import DatabaseError, Error, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+@contextmanager
+def hot_transaction(db: str) -> Iterator[None]:
+    """``transaction.atomic(using=db)``, two round trips cheaper on MySQL/MariaDB."""
+    connection = connections[db]
+    if (
+        connection.vendor != "mysql"
+        or connection.in_atomic_block
+        or not connection.get_autocommit()  # also opens the connection if need be
+    ):
+        with transaction.atomic(using=db):
+            yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("START TRANSACTION")
+    # Django's own state inside an outermost atomic(): what nested blocks, savepoints
+    # and on_commit() read.
+    connection.autocommit = False
+    connection.in_atomic_block = True
+    connection.commit_on_exit = True
+    connection.needs_rollback = False
+    committed = False
+    try:
+        try:
+            yield
+        except BaseException:
+            end(connection, commit=False)
+            raise
+        if connection.needs_rollback:
+            # A nested block failed and its error was caught: atomic() rolls back too.
+            end(connection, commit=False)
+        else:
+            end(connection, commit=True)
+            committed = True
+    finally:
+        connection.in_atomic_block = False
+        connection.needs_rollback = False
+        connection.savepoint_ids = []
+        connection.autocommit = True
+        if connection.closed_in_transaction:
+            connection.closed_in_transaction = False
+            connection.connection = None
+        hooks, connection.run_on_commit = connection.run_on_commit, []
+    if committed and hooks:
+        # Django runs them once the connection is out of the block (run_and_clear_commit_hooks).
+        connection.run_on_commit = hooks
+        connection.run_and_clear_commit_hooks()
+
+
+def end(connection: BaseDatabaseWrapper, *, commit: bool) -> None:
+    """COMMIT or ROLLBACK, as ``atomic()`` ends its block: a failed COMMIT is rolled back
+    and raised; a connection that cannot even roll back is closed (the server rolls
+    back what it held), and for a ROLLBACK nothing is raised over the error that
+    caused it. The driver's own calls, as Django's ``commit()``: the block may be
+    marked for rollback, and Django's cursors refuse to run anything then."""
+    if connection.closed_in_transaction or connection.connection is None:
+        return  # the connection went away mid-block: the server has rolled back
+    if commit:
+        try:
+            connection._commit()
+        except DatabaseError:
+            end(connection, commit=False)
+            raise
+        return
+    try:
+        connection._rollback()
+    except Error:
+        connection.close()
