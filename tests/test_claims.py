@@ -697,7 +697,7 @@ def test_a_batched_finish_writes_only_the_claims_still_held(worker, hinted):
     assert not ClaimedExecution.objects.exists()
 
 
-RETURN_VALUES = [None, 0, 1.5, True, "", "it's \"quoted\" é", [], [1, [2]], {"a": {"b": None}}]
+RETURN_VALUES = [None, 0, 1.5, True, "", 'it\'s "quoted" é', [], [1, [2]], {"a": {"b": None}}]
 
 
 @pytest.mark.parametrize("hinted", [False, True], ids=["general", "plain"])
