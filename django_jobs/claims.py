@@ -637,7 +637,7 @@ def finish_locked(db: str, process_id: int, return_values: dict[int, object]) ->
     here rather than built by the ORM: on MariaDB and SQLite this is the
     completer's every batch, and building the queries (a ``CASE`` per return
     value, in ``bulk_update``) cost more CPU than the database spent running
-    them (docs/running.md, "What a job costs").
+    them (docs/running.md, "What runs").
     """
     connection = connections[db]
     quote = connection.ops.quote_name

@@ -7,7 +7,7 @@ that is a flag in the driver; on MySQL and MariaDB each turn is a statement
 finish of a few short statements paid four round trips of bookkeeping where two
 (``START TRANSACTION``, ``COMMIT``) open and close the same transaction. A
 drain's workers are bound by their claim and finish round trips, not by CPU,
-so those two are throughput (docs/running.md, "What a job costs").
+so those two are throughput (docs/running.md, "What runs").
 
 :func:`hot_transaction` opens the transaction with ``START TRANSACTION`` while
 the session stays in autocommit, and tells Django it is in an atomic block
