@@ -66,3 +66,31 @@ def run_jobs(transactional_db, tmp_path):
     yield start
     for proc in started:
         proc.close()
+
+
+@pytest.fixture
+def figure(request):
+    """Report a measured figure (a crash window, a pool's use) under the run's summary.
+
+    Kept on the test's report rather than printed, so it reaches the summary from
+    pytest-xdist's worker processes too, whose own output nobody sees."""
+
+    def report(text: str) -> None:
+        request.node.user_properties.append(("figure", text.strip()))
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter):
+    figures = [
+        value
+        for kind in ("passed", "failed")
+        for report in terminalreporter.stats.get(kind, [])
+        if report.when == "call"
+        for name, value in report.user_properties
+        if name == "figure"
+    ]
+    if figures:
+        terminalreporter.section("figures")
+        for text in sorted(figures):
+            terminalreporter.write_line(text)

@@ -33,7 +33,7 @@ PROCESSES, THREADS = 2, 8
 @pytest.mark.stress
 @pytest.mark.workers
 @pytest.mark.django_db(transaction=True)
-def test_a_sigkill_fails_at_most_the_bound_of_completed_jobs(run_jobs, capsys):
+def test_a_sigkill_fails_at_most_the_bound_of_completed_jobs(run_jobs, figure):
     if connection.vendor == "sqlite":
         pytest.skip("one writer at a time: SQLite cannot build the keyed backlog this measures")
     bulk_enqueue(
@@ -71,13 +71,12 @@ def test_a_sigkill_fails_at_most_the_bound_of_completed_jobs(run_jobs, capsys):
     failed = set(Job.objects.filter(status=JobStatus.FAILED).values_list("pk", flat=True))
     completed_but_failed = completed & failed
     bound = unrecorded_bound(THREADS)
-    with capsys.disabled():
-        print(
-            f"\ncrash window[{connection.vendor}] jobs={JOBS} keys={KEYS} "
-            f"workers={PROCESSES}x{THREADS} elapsed={elapsed:.1f}s: "
-            f"failed={len(failed)} (ProcessDied {len(died)}), body completed but failed="
-            f"{len(completed_but_failed)}, documented bound={bound}"
-        )
+    figure(
+        f"\ncrash window[{connection.vendor}] jobs={JOBS} keys={KEYS} "
+        f"workers={PROCESSES}x{THREADS} elapsed={elapsed:.1f}s: "
+        f"failed={len(failed)} (ProcessDied {len(died)}), body completed but failed="
+        f"{len(completed_but_failed)}, documented bound={bound}"
+    )
     # Every failure is the kill's: nothing else can fail these jobs.
     assert failed == died
     assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == JOBS - len(failed)

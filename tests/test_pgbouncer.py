@@ -357,7 +357,7 @@ def test_session_state_under_transaction_pooling(through_pgbouncer):
 
 @pytest.mark.workers
 def test_run_jobs_drains_a_concurrency_limited_key_through_pgbouncer(
-    through_pgbouncer, workers_through_pgbouncer, capsys
+    through_pgbouncer, workers_through_pgbouncer, figure
 ):
     bouncer = through_pgbouncer
     plain = bulk_enqueue([(tasks.add, [n, 1], {}) for n in range(200)])
@@ -444,13 +444,12 @@ def test_run_jobs_drains_a_concurrency_limited_key_through_pgbouncer(
         )
         for kind in sorted(set(pids.values()))
     }
-    with capsys.disabled():
-        print(
-            f"\npgbouncer drain: {total} jobs in {drained:.1f}s, {transactions} transactions "
-            f"through a pool of {bouncer.pool_size}, clients waited "
-            f"{int(after['total_wait_time'] - before['total_wait_time']) / 1e6:.2f}s in all; "
-            f"connections per process (to PgBouncer, in all): {connections_of}"
-        )
+    figure(
+        f"\npgbouncer drain: {total} jobs in {drained:.1f}s, {transactions} transactions "
+        f"through a pool of {bouncer.pool_size}, clients waited "
+        f"{int(after['total_wait_time'] - before['total_wait_time']) / 1e6:.2f}s in all; "
+        f"connections per process (to PgBouncer, in all): {connections_of}"
+    )
 
 
 @pytest.mark.workers

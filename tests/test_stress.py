@@ -62,7 +62,7 @@ def plan_jobs(count: int, rng: random.Random) -> list[tuple[str, int, float, int
 @pytest.mark.stress
 @pytest.mark.workers
 @pytest.mark.django_db(transaction=True)
-def test_invariants_hold_under_load_with_a_worker_killed(run_jobs, capsys):
+def test_invariants_hold_under_load_with_a_worker_killed(run_jobs, figure):
     count = int(os.environ.get("STRESS_JOBS", 200 if connection.vendor == "sqlite" else 500))
     seed = int(os.environ.get("STRESS_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
@@ -164,17 +164,16 @@ def test_invariants_hold_under_load_with_a_worker_killed(run_jobs, capsys):
     deadlocks = proc.output().lower().count("deadlock")
 
     succeeded = sum(1 for job in jobs.values() if job.status == JobStatus.SUCCEEDED)
-    with capsys.disabled():
-        print(
-            f"\nstress[{connection.vendor}] seed={seed} jobs={count} keys={len(by_key)} "
-            f"elapsed={elapsed:.1f}s ({count / elapsed:.0f} jobs/s) starts={len(events)} "
-            f"succeeded={succeeded} failed={count - succeeded} killed_pid={victim.pid}\n"
-            f"  max overlap per key (limit): "
-            + " ".join(f"{k}={overlap[k]}({limits[k]})" for k in sorted(overlap))
-            + f"\n  over-admitted={len(over)} lost={len(lost)} leftovers={leftovers} "
-            f"leaked_slots={len(leaked)} duplicated={len(duplicated)} "
-            f"attempt_mismatches={len(mismatched)} deadlocks={deadlocks}"
-        )
+    figure(
+        f"\nstress[{connection.vendor}] seed={seed} jobs={count} keys={len(by_key)} "
+        f"elapsed={elapsed:.1f}s ({count / elapsed:.0f} jobs/s) starts={len(events)} "
+        f"succeeded={succeeded} failed={count - succeeded} killed_pid={victim.pid}\n"
+        f"  max overlap per key (limit): "
+        + " ".join(f"{k}={overlap[k]}({limits[k]})" for k in sorted(overlap))
+        + f"\n  over-admitted={len(over)} lost={len(lost)} leftovers={leftovers} "
+        f"leaked_slots={len(leaked)} duplicated={len(duplicated)} "
+        f"attempt_mismatches={len(mismatched)} deadlocks={deadlocks}"
+    )
     assert over == {}, f"over-admitted keys (overlap, limit): {over}"
     assert lost == []
     assert leftovers == {"ready": 0, "scheduled": 0, "claimed": 0, "blocked": 0}
