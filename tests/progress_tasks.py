@@ -40,11 +40,14 @@ async def reports_from_async(gate: str) -> str:
 
 
 @task(takes_context=True, max_attempts=3)
-def reports_until_cancelled(context) -> str:
-    """Counts rows of 200 until asked to stop, reporting each; stops cooperatively."""
+def reports_until_cancelled(context, gate: str) -> str:
+    """Counts rows of 200 until asked to stop, reporting each; stops cooperatively, once
+    ``gate`` exists too (the test holds it running while it looks at the cancel pending)."""
     row = 0
     while not cancel_requested():
         row = min(row + 1, 199)
         set_progress(row, 200, f"row {row} of 200")
         time.sleep(0.02)
+    while not Path(gate).exists():
+        time.sleep(0.01)
     return f"stopped at row {row}"

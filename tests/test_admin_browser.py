@@ -388,8 +388,11 @@ def test_the_job_list_reloads_itself_unless_a_row_is_ticked(page, monkeypatch):
 # --- job control (issue 14): cancel from the admin, progress on the job's page ----------
 
 
-def test_cancel_a_running_job_from_its_page_and_watch_its_progress(page, run_jobs):
-    result = progress_tasks.reports_until_cancelled.enqueue()
+def test_cancel_a_running_job_from_its_page_and_watch_its_progress(page, run_jobs, tmp_path):
+    # The job sees the cancel at once (NOTIFY on PostgreSQL) but stops only once the
+    # gate exists: the page after the click must show a cancel still pending.
+    gate = tmp_path / "gate"
+    result = progress_tasks.reports_until_cancelled.enqueue(str(gate))
     proc = run_jobs("--processes", "1", "--threads", "2")
     wait_until(
         lambda: django_jobs.progress(result.id) is not None,
@@ -405,6 +408,7 @@ def test_cancel_a_running_job_from_its_page_and_watch_its_progress(page, run_job
     page.locator("#job-actions").get_by_role("button", name="Cancel").click()
     assert f"Job #{result.id}: stop requested." in message(page)
     assert "Cancel requested at" in page.locator("#job-cancel-requested").inner_text()
+    gate.touch()
     wait_until(lambda: job_row(result).status == JobStatus.FAILED, 30, what="the job to stop")
     page.reload()
     assert page.locator("#job-state").inner_text() == "failed"
