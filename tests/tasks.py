@@ -56,7 +56,7 @@ async def async_double(value: int) -> int:
     return value * 2
 
 
-def not_a_task(path: str = "/tmp/django-jobs-not-a-task-ran") -> str:
+def not_a_task(path: str) -> str:
     """A plain function: a job naming it must fail without running it (else ``path`` appears)."""
     Path(path).write_text("ran")
     return "ran"

@@ -11,7 +11,6 @@ import re
 import signal
 import time
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -216,11 +215,11 @@ def test_system_exit_and_keyboard_interrupt_do_not_kill_the_worker(run_jobs):
 
 
 @pytest.mark.parametrize("path", ["tests.tasks.not_a_task", "tests.no_such_module.task"])
-def test_only_tasks_run(run_jobs, path):
-    ran = Path("/tmp/django-jobs-not-a-task-ran")
-    ran.unlink(missing_ok=True)
+def test_only_tasks_run(run_jobs, path, tmp_path):
+    ran = tmp_path / "not-a-task-ran"
     result = tasks.add.enqueue(1, 1)
-    Job.objects.filter(pk=int(result.id)).update(task_path=path)
+    # Arguments a call of the plain function would take: had it run, ``ran`` would exist.
+    Job.objects.filter(pk=int(result.id)).update(task_path=path, args=[str(ran)])
     proc = run_jobs("--once")
     assert proc.wait() == 0, proc.output()
     job = job_of(result)
