@@ -485,11 +485,12 @@ def insert_claims(db: str, process_id: int, picked: list[tuple[Job, str]], now: 
     """One INSERT of the claimed rows of ``picked`` (each job with the queue it was
     claimed from), as ``bulk_create`` would write them, built without the ORM."""
     connection = connections[db]
-    moment = ClaimedExecution._meta.get_field("created_at")
-    created = moment.get_db_prep_save(now, connection)
+    fields = ClaimedExecution._meta
+    created = fields.get_field("created_at").get_db_prep_save(now, connection)
+    lease_field = fields.get_field("lease_expires_at")
     params: list[object] = []
     for job, queue in picked:
-        lease = moment.get_db_prep_save(lease_end(job, now), connection)
+        lease = lease_field.get_db_prep_save(lease_end(job, now), connection)
         params += [job.pk, process_id, queue, job.concurrency_key, lease, job.batch_id, created]
     values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(picked))
     table = connection.ops.quote_name(ClaimedExecution._meta.db_table)

@@ -72,7 +72,7 @@ def test_a_sigkill_fails_at_most_the_bound_of_completed_jobs(run_jobs, figure):
     completed_but_failed = completed & failed
     bound = unrecorded_bound(THREADS)
     figure(
-        f"\ncrash window[{connection.vendor}] jobs={JOBS} keys={KEYS} "
+        f"crash window[{connection.vendor}] jobs={JOBS} keys={KEYS} "
         f"workers={PROCESSES}x{THREADS} elapsed={elapsed:.1f}s: "
         f"failed={len(failed)} (ProcessDied {len(died)}), body completed but failed="
         f"{len(completed_but_failed)}, documented bound={bound}"

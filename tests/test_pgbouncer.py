@@ -445,7 +445,7 @@ def test_run_jobs_drains_a_concurrency_limited_key_through_pgbouncer(
         for kind in sorted(set(pids.values()))
     }
     figure(
-        f"\npgbouncer drain: {total} jobs in {drained:.1f}s, {transactions} transactions "
+        f"pgbouncer drain: {total} jobs in {drained:.1f}s, {transactions} transactions "
         f"through a pool of {bouncer.pool_size}, clients waited "
         f"{int(after['total_wait_time'] - before['total_wait_time']) / 1e6:.2f}s in all; "
         f"connections per process (to PgBouncer, in all): {connections_of}"

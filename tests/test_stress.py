@@ -165,7 +165,7 @@ def test_invariants_hold_under_load_with_a_worker_killed(run_jobs, figure):
 
     succeeded = sum(1 for job in jobs.values() if job.status == JobStatus.SUCCEEDED)
     figure(
-        f"\nstress[{connection.vendor}] seed={seed} jobs={count} keys={len(by_key)} "
+        f"stress[{connection.vendor}] seed={seed} jobs={count} keys={len(by_key)} "
         f"elapsed={elapsed:.1f}s ({count / elapsed:.0f} jobs/s) starts={len(events)} "
         f"succeeded={succeeded} failed={count - succeeded} killed_pid={victim.pid}\n"
         f"  max overlap per key (limit): "
