@@ -18,7 +18,6 @@ semaphore), and several batches in ascending id order.
 from __future__ import annotations
 
 import contextvars
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +30,9 @@ from django.utils import timezone
 from .job_task import checked_calls
 from .models import Batch, Job, JobStatus, ScheduledExecution
 from .readiness import make_ready
+from .text import jobs_logger
 
-logger = logging.getLogger("django_jobs.batches")
+logger = jobs_logger("django_jobs.batches")
 
 CALLBACK_NAMES = ("on_finish", "on_success", "on_failure")
 

@@ -54,6 +54,13 @@ class JobsSettings:
     # once their resident memory passes this many MB (None: never); see docs/running.md.
     max_jobs_per_child: int | None = None
     max_memory_per_child: int | None = None
+    # Bytes of JSON a call's arguments may take (refused at enqueue, naming the argument)
+    # and a task's return value (the job fails, ResultNotStored); characters of an
+    # error's traceback, and of a progress message, kept (cut beyond, saying so). See
+    # docs/tasks.md, "Limits".
+    max_arguments_size: int = 1024 * 1024
+    max_result_size: int = 1024 * 1024
+    max_error_size: int = 64 * 1024
     # key -> {"task": dotted path, "schedule": cron or interval, ...}; see docs/recurring.md.
     recurring: dict[str, dict[str, Any]] = field(default_factory=dict)
 

@@ -26,7 +26,6 @@ last value reported is the last one written.
 
 from __future__ import annotations
 
-import logging
 import math
 import numbers
 import threading
@@ -40,8 +39,9 @@ from django.utils import timezone
 
 from .exceptions import JobNotFound
 from .models import Job
+from .text import jobs_logger
 
-logger = logging.getLogger("django_jobs.progress")
+logger = jobs_logger("django_jobs.progress")
 
 # Seconds between two writes of one job's progress.
 PROGRESS_INTERVAL = 1.0

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import logging
 import os
 import threading
 import time
@@ -62,8 +61,9 @@ from django.db.transaction import TransactionManagementError
 
 from .conf import JobsSettings
 from .runner.db_retry import Backoff
+from .text import jobs_logger
 
-logger = logging.getLogger("django_jobs.notify")
+logger = jobs_logger("django_jobs.notify")
 
 CHANNEL = "django_jobs_ready"  # what workers LISTEN on (runner.listener)
 CANCEL_CHANNEL = "django_jobs_cancel"  # ... and this, for cancel requests of running jobs

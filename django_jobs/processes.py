@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from collections.abc import Iterable
@@ -13,8 +12,9 @@ from django.utils.crypto import get_random_string
 
 from .claims import recover_process_claims
 from .models import ClaimedExecution, Process
+from .text import jobs_logger
 
-logger = logging.getLogger("django_jobs.processes")
+logger = jobs_logger("django_jobs.processes")
 
 
 def register_process(

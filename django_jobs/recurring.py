@@ -11,7 +11,6 @@ this same database (system check ``django_jobs.E020``).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -27,8 +26,9 @@ from django.utils import timezone
 from .loading import load_task
 from .models import RecurringExecution, RecurringTask
 from .schedules import Schedule, ScheduleError, parse_schedule, whole_second
+from .text import jobs_logger
 
-logger = logging.getLogger("django_jobs.scheduler")
+logger = jobs_logger("django_jobs.scheduler")
 
 ENTRY_KEYS = frozenset(
     {"task", "schedule", "args", "kwargs", "queue_name", "priority", "timezone", "description"}

@@ -44,15 +44,15 @@ other's keys in opposite orders, on any database.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, transaction
 
 from .models import Job
+from .text import jobs_logger
 
-logger = logging.getLogger("django_jobs.enqueue")
+logger = jobs_logger("django_jobs.enqueue")
 
 # An insert that fails on the key and then finds no holder raced a holder that let
 # go of the key in between; trying again will either insert or find the new holder.

@@ -9,7 +9,6 @@ in to the admin with ``view_job`` (or ``change_job``) may open the page in a bro
 from __future__ import annotations
 
 import hmac
-import logging
 
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
@@ -18,10 +17,11 @@ from django.views.decorators.http import require_safe
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from ..text import jobs_logger
 from .collector import JobsCollector
 from .conf import MetricsSettings
 
-logger = logging.getLogger("django_jobs.metrics")
+logger = jobs_logger("django_jobs.metrics")
 
 VIEW = "django_jobs.view_job"
 CHANGE = "django_jobs.change_job"

@@ -21,7 +21,6 @@ whose own finish transaction never committed. A graceful stop flushes first.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,9 +31,10 @@ from django.tasks.signals import task_finished
 
 from ..claims import finish_jobs
 from ..models import Job
+from ..text import jobs_logger
 from .context import ExecutionContext, describe, persist
 
-logger = logging.getLogger("django_jobs.worker")
+logger = jobs_logger("django_jobs.worker")
 
 
 @dataclass

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING
 
 from django.db import InterfaceError, OperationalError, connections
 
+from ..text import jobs_logger
+
 if TYPE_CHECKING:
     from .lifecycle import Lifecycle
 
-logger = logging.getLogger("django_jobs.runner")
+logger = jobs_logger("django_jobs.runner")
 
 DB_ERRORS = (OperationalError, InterfaceError)
 

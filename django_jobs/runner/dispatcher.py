@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 import time
 
 from ..conf import JobsSettings
 from ..maintenance import clear_finished_jobs, prune_rate_limits, reconcile_blocked_keys
 from ..processes import prune_dead_processes
 from ..scheduling import promote_due_jobs
+from ..text import jobs_logger
 from .db_retry import loop_until_stopped
 from .lifecycle import Lifecycle
 
-logger = logging.getLogger("django_jobs.dispatcher")
+logger = jobs_logger("django_jobs.dispatcher")
 
 
 class Dispatcher:

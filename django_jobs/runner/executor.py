@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 import traceback
 from collections.abc import Callable, Coroutine
@@ -23,12 +22,13 @@ from ..loading import load_task
 from ..models import Job, JobStatus
 from ..results import build_result
 from ..serialization import json_return_value
+from ..text import jobs_logger
 from ..tracing import traced_execution
 from .completer import Success, write_successes
 from .context import ExecutionContext, describe, persist
 from .watchdog import Control, current_control
 
-logger = logging.getLogger("django_jobs.worker")
+logger = jobs_logger("django_jobs.worker")
 
 
 def error_info(exc: BaseException) -> ErrorInfo:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 
 from django.db import close_old_connections
 
 from ..processes import heartbeat
+from ..text import jobs_logger
 from .db_retry import DB_ERRORS, reset_connection
 from .lifecycle import Lifecycle
 
-logger = logging.getLogger("django_jobs.runner")
+logger = jobs_logger("django_jobs.runner")
 
 
 class Heartbeat(threading.Thread):

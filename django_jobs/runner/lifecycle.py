@@ -10,13 +10,14 @@ forwarded request count as the child's second SIGTERM.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import threading
 from collections.abc import Callable
 
-logger = logging.getLogger("django_jobs.runner")
+from ..text import jobs_logger
+
+logger = jobs_logger("django_jobs.runner")
 
 
 class Lifecycle:

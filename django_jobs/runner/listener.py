@@ -20,7 +20,6 @@ while this thread reconnects with a backoff, logging once per outage.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 import time
@@ -32,11 +31,12 @@ from django.db import connections
 from ..conf import JobsSettings
 from ..notify import CANCEL_CHANNEL, CHANNEL, first_line, own_connection_params
 from ..queues import QueueSelector
+from ..text import jobs_logger
 from .db_retry import Backoff
 from .lifecycle import Lifecycle
 from .watchdog import cancel_notified
 
-logger = logging.getLogger("django_jobs.listener")
+logger = jobs_logger("django_jobs.listener")
 
 APPLICATION_NAME = "django-jobs listener"
 # How often the thread looks up from the socket to see whether it should stop.

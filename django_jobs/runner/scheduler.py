@@ -14,7 +14,6 @@ Catch-up policy (docs/recurring.md):
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime
 from typing import Any
 
@@ -30,11 +29,12 @@ from ..recurring import (
     sync_recurring_tasks,
     task_rows,
 )
+from ..text import jobs_logger
 from .db_retry import DB_ERRORS, loop_until_stopped
 from .lifecycle import Lifecycle
 from .registration import registered
 
-logger = logging.getLogger("django_jobs.scheduler")
+logger = jobs_logger("django_jobs.scheduler")
 
 # Missed ticks are counted for the log up to this many (an every-second task
 # down for a day would otherwise mean 86,400 steps just to say so).

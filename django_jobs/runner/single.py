@@ -8,18 +8,18 @@ enqueue ticks as a side effect.
 
 from __future__ import annotations
 
-import logging
 import threading
 
 from ..conf import JobsSettings
 from ..models import Process
+from ..text import jobs_logger
 from .dispatcher import Dispatcher
 from .lifecycle import Lifecycle
 from .registration import registered
 from .scheduler import run_scheduler
 from .worker import Worker
 
-logger = logging.getLogger("django_jobs.supervisor")
+logger = jobs_logger("django_jobs.supervisor")
 
 
 def run_single_process(conf: JobsSettings, lifecycle: Lifecycle, *, once: bool = False) -> bool:

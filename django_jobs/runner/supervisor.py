@@ -23,6 +23,7 @@ from typing import Any
 from ..conf import JobsSettings
 from ..models import Process
 from ..processes import deregister_process, prune_dead_processes
+from ..text import jobs_logger
 from .db_retry import DB_ERRORS, reset_connection, retry_until_done
 from .dispatcher import Dispatcher
 from .entry import child_main
@@ -33,7 +34,7 @@ from .registration import registered
 from .scheduler import run_scheduler
 from .worker import Worker
 
-logger = logging.getLogger("django_jobs.supervisor")
+logger = jobs_logger("django_jobs.supervisor")
 
 RESTART_DELAY = 1.0
 

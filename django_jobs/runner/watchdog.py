@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import ctypes
-import logging
 import os
 import threading
 import time
@@ -54,9 +53,10 @@ from django.db import close_old_connections
 from ..conf import JobsSettings
 from ..exceptions import JobCancelled, JobInterrupted, JobTimeout, WorkerShutdown
 from ..models import Job
+from ..text import jobs_logger
 from .db_retry import DB_ERRORS, reset_connection
 
-logger = logging.getLogger("django_jobs.worker")
+logger = jobs_logger("django_jobs.worker")
 
 TICK = 0.05
 # Seconds a notified cancel of a job this process has claimed but not yet started is

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +16,7 @@ from ..loading import load_task
 from ..models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution
 from ..queues import QueueSelector
 from ..scheduling import promote_due_jobs
+from ..text import jobs_logger
 from .completer import Completer
 from .context import ExecutionContext, persist
 from .db_retry import DB_ERRORS, Backoff, reset_connection
@@ -26,7 +26,7 @@ from .listener import start_listener
 from .recycling import RecyclePolicy
 from .watchdog import Watchdog
 
-logger = logging.getLogger("django_jobs.worker")
+logger = jobs_logger("django_jobs.worker")
 
 
 def importable(job: Job) -> bool:

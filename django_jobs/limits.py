@@ -1,0 +1,79 @@
+"""Bounds on the numbers a user declares: seconds, counts and sizes.
+
+Every delay ends up added to a ``datetime``, whose range ends in year 9999;
+``now + timedelta(seconds=1e12)`` raises ``OverflowError`` in whatever thread
+computes it, which was once the supervisor's start-up recovery. So each number
+is checked where it is written (a task option, a setting, ``Snooze``), and the
+runtime adds seconds to a time only through :func:`later`, which cannot
+overflow whatever a row says.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from typing import Any
+
+# About a century: longer than any delay that means something, short enough that a time
+# this far from now is always a datetime.
+MAX_SECONDS = 100 * 366 * 86400.0
+# Attempts in all: a bigger max_attempts is a mistake, not a plan (and each attempt keeps
+# a failure row).
+MAX_ATTEMPTS = 1_000_000
+
+
+def is_number(value: Any) -> bool:
+    """An int or a float, not a bool (``True`` is an int to Python, a mistake here)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def seconds_problem(
+    value: Any, *, minimum: float = 0.0, strict: bool = False, maximum: float = MAX_SECONDS
+) -> str | None:
+    """Why ``value`` is not a usable number of seconds, or None if it is one.
+
+    ``strict``: ``minimum`` itself is refused (a timeout of 0 would never let a job run).
+    """
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if not is_number(value):
+        return f"must be a number of seconds, not {type(value).__name__}"
+    if not math.isfinite(value):
+        return f"must be a finite number of seconds, not {value!r}"
+    if value < minimum or (strict and value == minimum):
+        return f"must be {'>' if strict else '>='} {minimum:g} seconds, not {value!r}"
+    if value > maximum:
+        return f"must be at most {maximum:g} seconds (about a century), not {value!r}"
+    return None
+
+
+def check_seconds(value: Any, name: str, **bounds: Any) -> float:
+    """``value`` as seconds, or ``ValueError`` naming ``name`` and the problem."""
+    problem = seconds_problem(value, **bounds)
+    if problem is not None:
+        raise ValueError(f"{name} {problem}")
+    return float(value.total_seconds() if isinstance(value, timedelta) else value)
+
+
+def bounded_seconds(value: Any, default: float = 0.0) -> float:
+    """``value`` read from a row or returned by a user's function, made usable: a finite
+    number in ``[0, MAX_SECONDS]``; ``default`` for anything that is not a number."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+    if math.isnan(seconds):
+        return default
+    return min(max(seconds, 0.0), MAX_SECONDS)
+
+
+def later(now: datetime, seconds: Any) -> datetime:
+    """``now`` plus ``seconds``, never an overflow: the seconds are bounded first
+    (:func:`bounded_seconds`), and the sum stops at the last representable time."""
+    delta = timedelta(seconds=bounded_seconds(seconds))
+    try:
+        return now + delta
+    except OverflowError:
+        return datetime.max.replace(tzinfo=now.tzinfo)
