@@ -65,7 +65,9 @@ class Snooze(Exception):
     """
 
     def __init__(self, seconds: float = 0) -> None:
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-            raise ValueError(f"Snooze needs a number of seconds >= 0, not {seconds!r}")
-        super().__init__(f"snoozed for {seconds:g}s")
-        self.seconds = float(seconds)
+        # Checked here, in the task, so a NaN or a century-long snooze fails the attempt
+        # with this message instead of reaching the worker's datetime arithmetic.
+        from .backoff import declared_seconds
+
+        self.seconds = declared_seconds(seconds, "Snooze seconds")
+        super().__init__(f"snoozed for {self.seconds:g}s")

@@ -19,9 +19,10 @@ from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Ta
 from django.tasks.base import DEFAULT_TASK_PRIORITY
 from django.tasks.exceptions import InvalidTask
 
-from .backoff import BackoffSpec, validate_backoff
+from .backoff import BackoffSpec, declared_seconds, safe_repr, validate_backoff
 from .conf import did_you_mean
 from .exceptions import InvalidTaskArguments
+from .limits import MAX_ATTEMPTS
 from .rates import Rate, is_rate, parse_rate, resolve_rate
 
 ConcurrencyKey = str | Callable[..., str] | None
@@ -41,6 +42,9 @@ JOB_OPTION_NAMES = (
     "rate_key",
 )
 ON_CONFLICT_CHOICES = ("block", "discard")
+# Jobs of one key running at once. Far above any real limit, far below the column's
+# 2**31 - 1 (PostgreSQL and MariaDB refuse a bigger one at enqueue, not declaration).
+MAX_CONCURRENCY_LIMIT = 1_000_000
 UNIQUE_UNTIL_CHOICES = ("start", "finish")
 
 
@@ -49,8 +53,8 @@ class JobTask(Task):
     """A ``django.tasks.Task`` with this backend's options (docs/tasks.md).
 
     - ``max_attempts``: attempts in all, retries included (1: never retried).
-    - ``backoff``: seconds before a retry: a number, a list per attempt, or
-      ``Exponential(...)``.
+    - ``backoff``: seconds before a retry: a number, ``Exponential(...)`` or a
+      module-level function of the attempt number.
     - ``concurrency_key``, ``concurrency_limit``, ``concurrency_group``,
       ``concurrency_duration``, ``on_conflict``: at most ``concurrency_limit`` jobs
       of one key run at once (docs/concurrency.md).
@@ -232,6 +236,11 @@ def binding_problem(task: Task, signature: inspect.Signature, given: int, exc: T
     )
 
 
+def is_int(value: Any) -> bool:
+    """An int, not a bool: ``max_attempts=True`` is a mistake, not one attempt."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def reject_unknown_options(options: Mapping[str, Any], message: str) -> None:
     """A ``TypeError`` (as for any unexpected keyword) naming the unknown options,
     with the option each one likely meant."""
@@ -243,30 +252,40 @@ def reject_unknown_options(options: Mapping[str, Any], message: str) -> None:
 
 
 def validate_job_options(task: JobTask) -> None:
-    if isinstance(task.max_attempts, bool) or not isinstance(task.max_attempts, int):
-        raise InvalidTask("max_attempts must be an integer >= 1")
-    if task.max_attempts < 1:
-        raise InvalidTask("max_attempts must be an integer >= 1")
+    """Every option checked and bounded where it is written.
+
+    A number that passes here is later stored in a row and added to a time in a
+    worker: ``concurrency_duration=inf`` once made every claim of its key raise
+    ``OverflowError``, and ``timeout=nan`` never timed out. So each is finite and
+    within ``limits``, or the declaration fails naming it.
+    """
+    attempts = task.max_attempts
+    if not is_int(attempts) or not 1 <= attempts <= MAX_ATTEMPTS:
+        raise InvalidTask(
+            f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS:,}, "
+            f"not {safe_repr(attempts, 40)}"
+        )
     try:
         validate_backoff(task.backoff)
     except ValueError as exc:
         raise InvalidTask(str(exc)) from exc
     limit = task.concurrency_limit
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidTask("concurrency_limit must be an integer >= 1")
+    if not is_int(limit) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
+        raise InvalidTask(
+            f"concurrency_limit must be an integer from 1 to {MAX_CONCURRENCY_LIMIT:,}, "
+            f"not {safe_repr(limit, 40)}"
+        )
     group = task.concurrency_group
     if group is not None and (not isinstance(group, str) or not group or "/" in group):
         raise InvalidTask("concurrency_group must be a non-empty string without '/'")
     duration = task.concurrency_duration
-    if duration is not None:
-        seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
-            raise InvalidTask("concurrency_duration must be a number of seconds > 0 or a timedelta")
     timeout = task.timeout
-    if timeout is not None:
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
-            raise InvalidTask("timeout must be a number of seconds > 0 or a timedelta")
+    for name, value in (("concurrency_duration", duration), ("timeout", timeout)):
+        if value is not None:
+            try:
+                declared_seconds(value, name, strict=True)
+            except ValueError as exc:
+                raise InvalidTask(f"{exc} (a number of seconds or a timedelta)") from None
     if task.on_conflict not in ON_CONFLICT_CHOICES:
         raise InvalidTask(f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}")
     if task.unique_until not in UNIQUE_UNTIL_CHOICES:

@@ -22,14 +22,21 @@ again, and waits once more if a late start still fills the window.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import connections
 
+from .limits import MAX_SECONDS, is_number
 from .models import RateLimit
-from .rates import Rate
+from .rates import MAX_STARTS_PER_PERIOD, Rate
+
+# The shortest period a row's rate is taken to have: a zero or negative one (only a
+# hand-edited row has one) would make no start ever count against the next.
+MIN_PERIOD = 0.001
 
 
 @dataclass
@@ -40,15 +47,65 @@ class Decision:
     at: float  # the start's recorded time if admitted, else when to try again
 
 
+def times(values: Any) -> list[float]:
+    """A row's list of times, keeping only the finite numbers.
+
+    The row is data: a string, a NaN or a ``1e308`` written into it (by hand, a
+    restore, a bug) must not raise in, or be planned by, every start of its key.
+    """
+    if not isinstance(values, list):
+        return []
+    return [t for t in map(finite, values) if t is not None]
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None (not a number, NaN, infinite, or an int
+    beyond a float's range)."""
+    if not is_number(value):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def usable_rate(rate: Rate) -> Rate:
+    """``rate`` as read from a job row, brought within what ``parse_rate`` accepts: a
+    declared rate always is, a row edited since may not be."""
+    limit = finite(rate.limit)
+    period = finite(rate.period)
+    return Rate(
+        1 if limit is None else int(min(max(limit, 1), MAX_STARTS_PER_PERIOD)),
+        1.0 if period is None else min(max(period, MIN_PERIOD), MAX_SECONDS),
+    )
+
+
 class Window:
     """One key's starts and plan, read under its row lock and written back after."""
 
     def __init__(self, row: RateLimit) -> None:
         self.row = row
-        self.starts: list[float] = [float(t) for t in row.starts or []]
-        self.planned: list[float] = [float(t) for t in row.planned or []]
+        self.starts: list[float] = times(row.starts)
+        self.planned: list[float] = times(row.planned)
 
     def decide(self, now: float, rate: Rate, reserved: float | None = None) -> Decision:
+        """:meth:`admit`, with every time it returns within a century of ``now``: the
+        caller makes a datetime of it, whatever the rows held."""
+        rate = usable_rate(rate)
+        horizon = now + MAX_SECONDS
+        # A time past the horizon was never written by a start (each is a "now" or a
+        # period after one): garbage that would push every later start past it.
+        self.starts = [t for t in self.starts if t <= horizon]
+        self.planned = [t for t in self.planned if t <= horizon]
+        if reserved is not None and not (math.isfinite(reserved) and reserved <= horizon):
+            reserved = None
+        decision = self.admit(now, rate, reserved)
+        decision.at = min(decision.at, horizon)
+        self.planned = [min(t, horizon) for t in self.planned]
+        return decision
+
+    def admit(self, now: float, rate: Rate, reserved: float | None) -> Decision:
         """Admit one start at ``now``, or say when this job should come back.
 
         ``reserved``: the planned time the job waited for (``Job.rate_reserved_at``);

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .limits import MAX_SECONDS
+
 # Seconds per unit; "10/m", "100/5s", "1/2h", "5000/d".
 UNITS = {
     "s": 1.0,
@@ -55,10 +57,12 @@ def parse_rate(text: object) -> Rate:
         raise ValueError(
             f"{text!r}: unknown period unit {unit!r}; use s, m, h or d (e.g. '10/m', '100/5s')"
         )
-    limit = int(count)
+    # A count of thousands of digits is past int()'s digit limit: compare its length first.
+    digits = count.lstrip("0") or "0"
+    limit = int(digits) if len(digits) <= 9 else MAX_STARTS_PER_PERIOD + 1
     if not 1 <= limit <= MAX_STARTS_PER_PERIOD:
         raise ValueError(
-            f"{text!r}: the count must be between 1 and {MAX_STARTS_PER_PERIOD:,} "
+            f"{text!r:.60}: the count must be between 1 and {MAX_STARTS_PER_PERIOD:,} "
             "(use a longer period for more)"
         )
     try:
@@ -68,6 +72,13 @@ def parse_rate(text: object) -> Rate:
     period = factor * UNITS[unit.lower()]
     if period <= 0:
         raise ValueError(f"{text!r}: the period must be longer than 0")
+    # Each start is planned ``period`` seconds after another, as a datetime: a period
+    # past a century (or a float's range) would overflow one in a worker.
+    if not period <= MAX_SECONDS:
+        raise ValueError(
+            f"{text!r:.60}: the period must be at most {MAX_SECONDS / 86400:,.0f} days "
+            "(about a century)"
+        )
     return Rate(limit, period)
 
 
