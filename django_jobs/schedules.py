@@ -25,6 +25,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from .limits import MAX_SECONDS
+
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 SECOND = timedelta(seconds=1)
 MICROSECONDS = 1_000_000
@@ -148,6 +150,15 @@ def parse_schedule(value: object, time_zone: str = "UTC") -> Schedule:
     if isinstance(value, int | float):
         if value != value or value in (float("inf"), float("-inf")):
             raise ScheduleError(f"interval must be a finite number of seconds, not {value!r}")
+        # Before timedelta(), which overflows (or cannot even print the int) first.
+        if isinstance(value, int) and value.bit_length() > 64:
+            shown = f"an integer of {value.bit_length()} bits"
+        else:
+            shown = f"{value:g} seconds"
+        if value < 1:
+            raise ScheduleError(f"interval must be at least 1 second, not {shown}")
+        if value > MAX_SECONDS:
+            raise too_long(shown)
         return interval(timedelta(seconds=value))
     if not isinstance(value, str):
         raise ScheduleError(
@@ -160,7 +171,14 @@ def parse_schedule(value: object, time_zone: str = "UTC") -> Schedule:
         count, unit, plural = match.groups()
         if count is None and plural:
             raise ScheduleError(f"{value!r}: say 'every N {unit}s' or 'every {unit}'")
-        return interval(timedelta(seconds=int(count or 1) * UNITS[unit.lower()]))
+        digits = (count or "1").lstrip("0") or "0"
+        # More digits than a century has seconds: too long, and past int()'s digit limit.
+        if len(digits) > 10:
+            raise too_long(f"{text[:40]!r}")
+        seconds = int(digits) * UNITS[unit.lower()]
+        if seconds > MAX_SECONDS:
+            raise too_long(repr(text))
+        return interval(timedelta(seconds=seconds))
     if text.lower().startswith("every"):
         raise ScheduleError(
             f"{value!r} is not an interval; use 'every N seconds|minutes|hours|days'"
@@ -171,7 +189,17 @@ def parse_schedule(value: object, time_zone: str = "UTC") -> Schedule:
 def interval(value: timedelta) -> IntervalSchedule:
     if value < SECOND:
         raise ScheduleError(f"interval must be at least 1 second, not {value}")
+    if value.total_seconds() > MAX_SECONDS:
+        raise too_long(str(value))
     return IntervalSchedule(value)
+
+
+def too_long(what: str) -> ScheduleError:
+    """Every tick is a datetime: one more than a century away is a mistake, and past
+    year 9999 one that no scheduler could compute."""
+    return ScheduleError(
+        f"interval must be at most {MAX_SECONDS / 86400:,.0f} days (about a century), not {what}"
+    )
 
 
 def cron(expression: str, time_zone: str) -> CronSchedule:

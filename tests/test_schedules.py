@@ -100,14 +100,31 @@ def test_aliases_tick_like_their_expansion():
         (timedelta(milliseconds=999), "at least 1 second"),
         (float("nan"), "finite"),
         (float("inf"), "finite"),
+        # Past a century, and past what timedelta() or int() can even take.
+        (1e20, "at most 36,600 days"),
+        (10**20, "at most 36,600 days"),
+        (-(10**400), "at least 1 second"),
+        (3_162_240_001, "at most 36,600 days"),
+        (timedelta(days=36_601), "at most 36,600 days"),
+        ("every 36601 days", "at most 36,600 days"),
+        ("every 99999999999999 days", "at most 36,600 days"),
+        ("every " + "9" * 5000 + " seconds", "at most 36,600 days"),
         (True, "not True"),
         (None, "not NoneType"),
         (["0 3 * * *"], "not list"),
     ],
+    ids=lambda value: repr(value)[:40],
 )
 def test_bad_schedules_are_refused_with_the_reason(value, message):
     with pytest.raises(ScheduleError, match=message):
         parse_schedule(value)
+
+
+def test_a_century_is_the_longest_interval_and_its_ticks_are_datetimes():
+    for value in ("every 36600 days", 36_600 * 86400, timedelta(days=36_600)):
+        schedule = parse_schedule(value)
+        now = datetime.now(UTC)
+        assert schedule.latest(now) <= now < schedule.next(now) <= now + timedelta(days=36_600)
 
 
 def test_an_unknown_time_zone_is_refused():
