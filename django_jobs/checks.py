@@ -11,9 +11,11 @@ from django.db import connections
 from django.tasks import Task, task_backends
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 
+from .backoff import declared_seconds, safe_repr
 from .conf import SETTINGS_NAME, JobsSettings, did_you_mean
 from .exceptions import InvalidTaskArguments, TaskNotFound
-from .job_task import bound_arguments
+from .job_task import MAX_CONCURRENCY_LIMIT, bound_arguments, is_int
+from .limits import is_number
 from .loading import load_task
 from .queues import QueueSelector
 from .rates import named_rate
@@ -23,6 +25,9 @@ from .serialization import json_arguments
 
 if TYPE_CHECKING:
     from .backend import JobsBackend
+
+# The largest size setting, in bytes or characters.
+MAX_SIZE = 2**30
 
 
 def backend_checks(backend: JobsBackend) -> list[Any]:
@@ -157,38 +162,71 @@ def sqlite_checks(alias: str, settings_dict: dict[str, Any]) -> list[Any]:
     ]
 
 
+# The numeric settings and the range each must be in. Every one ends up in a loop, a
+# sleep, a datetime or a size comparison of a long-running process: a NaN never
+# compares, an inf overflows a datetime, "soon" raises in the dispatcher at its first
+# pass. So each is refused at startup unless it is a real number in its range.
+# Integers: name -> (minimum, maximum, check id, None allowed).
+INTEGER_SETTINGS: dict[str, tuple[int, int, str, bool]] = {
+    "processes": (1, 1024, "django_jobs.E007", False),
+    "threads": (1, 1024, "django_jobs.E007", False),
+    # Due jobs promoted at once, their ids bound in one IN list (SQLite: 32,766 at most).
+    "batch_size": (1, 10_000, "django_jobs.E007", False),
+    "max_jobs_per_child": (1, 10**9, "django_jobs.E007", True),
+    # Megabytes (10 TB at most).
+    "max_memory_per_child": (1, 10**7, "django_jobs.E007", True),
+    # Bytes of JSON (1 GiB at most: beyond, no row is worth it).
+    "max_arguments_size": (1, MAX_SIZE, "django_jobs.E024", False),
+    "max_result_size": (1, MAX_SIZE, "django_jobs.E024", False),
+    # Characters of a traceback: under 1,000 the error itself would not be readable.
+    "max_error_size": (1000, MAX_SIZE, "django_jobs.E024", False),
+}
+# Seconds: > 0 and at most a century (limits.MAX_SECONDS).
+SECONDS_SETTINGS = (
+    "polling_interval",
+    "dispatcher_interval",
+    "heartbeat_interval",
+    "alive_threshold",
+    "shutdown_timeout",
+    "interrupt_grace",
+    "cancel_poll_interval",
+    "maintenance_interval",
+    "db_retry_max_delay",
+)
+
+
 def number_checks(conf: JobsSettings) -> list[Any]:
+    """Each numeric setting in its range: see ``INTEGER_SETTINGS``, ``SECONDS_SETTINGS``
+    and ``clear_finished_jobs_after``; one error per setting, naming its value."""
     errors: list[Any] = []
-    for name in ("processes", "threads", "batch_size"):
+    for name, (low, high, check_id, optional) in INTEGER_SETTINGS.items():
         value = getattr(conf, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            errors.append(
-                Error(f"DJANGO_JOBS[{name!r}] must be an integer >= 1.", id="django_jobs.E007")
-            )
-    for name in ("max_jobs_per_child", "max_memory_per_child"):
-        value = getattr(conf, name)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
+        if optional and value is None:
+            continue
+        if not is_int(value) or not low <= value <= high:
+            none = "None or " if optional else ""
             errors.append(
                 Error(
-                    f"DJANGO_JOBS[{name!r}] must be None or an integer >= 1.",
-                    id="django_jobs.E007",
+                    f"DJANGO_JOBS[{name!r}] must be {none}an integer from {low:,} to {high:,}, "
+                    f"not {safe_repr(value, 60)}.",
+                    id=check_id,
                 )
             )
-    for name in (
-        "polling_interval",
-        "dispatcher_interval",
-        "heartbeat_interval",
-        "alive_threshold",
-        "shutdown_timeout",
-        "interrupt_grace",
-        "cancel_poll_interval",
-    ):
-        value = getattr(conf, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    for name in SECONDS_SETTINGS:
+        problem = setting_seconds_problem(name, getattr(conf, name), strict=True)
+        if problem:
+            errors.append(Error(problem, id="django_jobs.E008"))
+    keep = conf.clear_finished_jobs_after
+    if keep is not None:
+        problem = setting_seconds_problem("clear_finished_jobs_after", keep, strict=False)
+        if problem:
             errors.append(
-                Error(f"DJANGO_JOBS[{name!r}] must be a number > 0.", id="django_jobs.E008")
+                Error(
+                    problem,
+                    hint="None keeps finished jobs forever; 0 deletes each at the next "
+                    "maintenance pass.",
+                    id="django_jobs.E023",
+                )
             )
     if not errors and conf.alive_threshold <= conf.heartbeat_interval * 2:
         errors.append(
@@ -201,20 +239,38 @@ def number_checks(conf: JobsSettings) -> list[Any]:
     if not isinstance(conf.max_concurrency, Mapping):
         errors.append(
             Error(
-                "DJANGO_JOBS['max_concurrency'] must be a dict of queue -> integer >= 1.",
+                "DJANGO_JOBS['max_concurrency'] must be a dict of queue -> integer "
+                f"from 1 to {MAX_CONCURRENCY_LIMIT:,}.",
                 id="django_jobs.E009",
             )
         )
         return errors
     for queue, cap in conf.max_concurrency.items():
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        if not is_int(cap) or not 1 <= cap <= MAX_CONCURRENCY_LIMIT:
             errors.append(
                 Error(
-                    f"DJANGO_JOBS['max_concurrency'][{queue!r}] must be an integer >= 1.",
+                    f"DJANGO_JOBS['max_concurrency'][{queue!r}] must be an integer from 1 to "
+                    f"{MAX_CONCURRENCY_LIMIT:,}, not {safe_repr(cap, 60)}.",
                     id="django_jobs.E009",
                 )
             )
     return errors
+
+
+def setting_seconds_problem(name: str, value: Any, *, strict: bool) -> str | None:
+    """The message for a setting that is not a usable number of seconds, else None.
+
+    A ``timedelta`` is refused, unlike for a task option: the runtime adds these
+    settings to floats (``time.monotonic()``).
+    """
+    where = f"DJANGO_JOBS[{name!r}]"
+    if not is_number(value):
+        return f"{where} must be a number of seconds, not {safe_repr(value, 60)}."
+    try:
+        declared_seconds(value, where, strict=strict)
+    except ValueError as exc:
+        return f"{exc}."
+    return None
 
 
 def listen_notify_checks(conf: JobsSettings) -> list[Any]:
