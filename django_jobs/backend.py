@@ -166,7 +166,7 @@ class JobsBackend(BaseTaskBackend):
             options = job_options(task)
             if checked is not None:
                 checked[id(task)] = options
-        json_args, json_kwargs = json_arguments(args, kwargs)
+        json_args, json_kwargs = json_arguments(args, kwargs, self.database)
         # Every call is bound, keyed or not: one the function would refuse fails
         # here, naming the argument, not in a worker later.
         arguments = bound_arguments(task, json_args, json_kwargs)
@@ -217,6 +217,7 @@ class JobsBackend(BaseTaskBackend):
             unique_until=options["unique_until"] if unique else None,
             batch=batch,
         )
+        check_lengths(job)
         record_enqueue(job)  # OpenTelemetry, when installed: span + trace context (tracing.py)
         return job, task
 
@@ -237,6 +238,25 @@ class JobsBackend(BaseTaskBackend):
         from .checks import backend_checks
 
         return backend_checks(self)
+
+
+# The strings of a job made from its call (a key filled from the arguments can be any
+# length), and their columns' sizes.
+BOUNDED_STRINGS = ("queue_name", "concurrency_key", "unique_key", "rate_key")
+
+
+def check_lengths(job: Job) -> None:
+    """Refuse a string longer than its column, naming it: SQLite would store it whole,
+    MariaDB and PostgreSQL refuse the statement, and PostgreSQL's bulk insert once cut
+    it short silently."""
+    for name in BOUNDED_STRINGS:
+        value = getattr(job, name)
+        limit = Job._meta.get_field(name).max_length
+        if value is not None and limit is not None and len(value) > limit:
+            raise InvalidTask(
+                f"{job.task_path}: the {name.replace('_', ' ')} {value[:60]!r}... is "
+                f"{len(value)} characters long; it may be at most {limit}"
+            )
 
 
 def timeout_seconds(timeout: float | timedelta | None) -> float | None:

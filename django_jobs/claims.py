@@ -18,7 +18,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.db import connections, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
@@ -29,6 +29,7 @@ from .backoff import retry_delay
 from .batches import count_failed, count_outcome, count_outcomes
 from .cancellation import record_cancelled
 from .deletion import delete_executions
+from .limits import later
 from .models import (
     ClaimedExecution,
     FailedExecution,
@@ -43,7 +44,14 @@ from .models import (
 from .queues import QueueSelector
 from .rate_limits import ensure_rate_rows, lock_rate_limits, save_windows
 from .rates import Rate
+from .serialization import size_setting
+from .text import jobs_logger, safe_str, storable_text
 from .transactions import hot_transaction
+
+logger = jobs_logger("django_jobs.recovery")
+
+# Characters kept of an error's message (its traceback keeps max_error_size).
+MAX_ERROR_MESSAGE = 2000
 
 
 @dataclass(frozen=True)
@@ -274,7 +282,7 @@ def claim_in_one_statement(
 
 def lease_end(job: Job, now: datetime) -> datetime | None:
     if job.concurrency_key and job.concurrency_duration:
-        return now + timedelta(seconds=job.concurrency_duration)
+        return later(now, job.concurrency_duration)
     return None
 
 
@@ -750,13 +758,14 @@ def fail_claimed(
     """The body of :func:`fail_job`; the caller holds the lock on ``claim``."""
     job = Job.objects.using(db).get(pk=claim.job_id)
     now = timezone.now()
+    # Whoever built the error, what is written fits every database: no NUL, cut to size.
     FailedExecution.objects.using(db).create(
         job_id=job.pk,
         attempt=job.attempts,
         worker_id=worker_id,
-        exception_class_path=error.exception_class_path[:255],
-        message=error.message,
-        traceback=error.traceback,
+        exception_class_path=storable_text(error.exception_class_path, 255),
+        message=storable_text(error.message, MAX_ERROR_MESSAGE),
+        traceback=storable_text(error.traceback, size_setting("max_error_size")),
         failed_at=now,
     )
     delete_claim(db, claim)
@@ -764,7 +773,7 @@ def fail_claimed(
     # A job whose cancel was requested is never retried, whatever ended this attempt (a
     # shutdown or a timeout can land before its worker has seen the request).
     if retry and job.attempts < job.max_attempts and job.cancel_requested_at is None:
-        retry_at = now + timedelta(seconds=retry_delay(job.backoff, job.attempts))
+        retry_at = later(now, retry_delay(job.backoff, job.attempts, job.task_path))
     if retry_at is None:
         Job.objects.using(db).filter(pk=job.pk).update(
             status=JobStatus.FAILED, finished_at=now, unique_lock=None
@@ -799,7 +808,7 @@ def snooze_job(db: str, job_id: int, process_id: int, seconds: float) -> datetim
             return None
         job = Job.objects.using(db).get(pk=job_id)
         now = timezone.now()
-        run_at = now + timedelta(seconds=seconds)
+        run_at = later(now, seconds)
         delete_claim(db, claim)
         job.max_attempts += 1
         job.status = JobStatus.SCHEDULED
@@ -902,7 +911,38 @@ def recover_process_claims(db: str, process_id: int, reason: str) -> dict[int, s
         .values_list("job_id", flat=True)
     )
     for job_id in job_ids:
-        outcome = recover_claim(db, job_id, process_id, reason)
+        try:
+            outcome = recover_claim(db, job_id, process_id, reason)
+        except (OperationalError, InterfaceError):
+            raise  # the database, not the job: the caller rides out the outage
+        except Exception as exc:
+            # One job's row must not stop the recovery of the others, nor a process's
+            # start-up (the supervisor recovers before it starts anything).
+            logger.exception("job %s: its claim could not be recovered as usual", job_id)
+            outcome = recover_without_retry(db, job_id, process_id, reason, exc)
         if outcome:
             outcomes[job_id] = outcome
     return outcomes
+
+
+def recover_without_retry(
+    db: str, job_id: int, process_id: int, reason: str, exc: Exception
+) -> str | None:
+    """The last resort of :func:`recover_process_claims`: fail the job for good, without
+    reading anything of the row's (its backoff, its key's blocked jobs) that made the
+    usual recovery raise. Left as it is (an orphan claim that the next prune tries
+    again, logged each time) only if even this cannot be written."""
+    message = f"{reason}; not retried: recovering it raised {type(exc).__name__}: {safe_str(exc)}"
+    error = ErrorInfo("django_jobs.exceptions.ProcessDied", message, message)
+    try:
+        with transaction.atomic(using=db):
+            claim = lock_own_claim(db, job_id, process_id)
+            if claim is None:
+                return None
+            fail_claimed(db, claim, error, worker_id="", retry=False)
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception:
+        logger.exception("job %s: its claim could not be recovered; left for the next try", job_id)
+        return None
+    return "failed"

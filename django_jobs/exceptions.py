@@ -71,3 +71,10 @@ class Snooze(Exception):
 
         self.seconds = declared_seconds(seconds, "Snooze seconds")
         super().__init__(f"snoozed for {self.seconds:g}s")
+
+
+class ResultNotStored(Exception):
+    """Recorded as a job's error when its task returned a value the database cannot store
+    (not JSON, a NUL character on PostgreSQL, nested too deeply, over
+    ``max_result_size``, or refused by the database itself). The body ran to its end,
+    so the job is not retried: running it again would most likely return the same."""

@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 from django.utils import timezone
 
 from .exceptions import JobNotFound
 from .models import Job
-from .text import jobs_logger
+from .text import clip, jobs_logger, safe_str, without_nul
 
 logger = jobs_logger("django_jobs.progress")
 
@@ -150,16 +150,27 @@ def checked_report(done: Any, total: Any, message: Any) -> Report:
     def is_number(value: Any) -> bool:
         return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
-    if not is_number(done) or not math.isfinite(done) or done < 0:
-        raise ValueError(f"set_progress(): done must be a finite number >= 0, not {done!r}")
-    if total is not None and (not is_number(total) or not math.isfinite(total) or total <= 0):
-        raise ValueError(f"set_progress(): total must be None or a number > 0, not {total!r}")
+    def as_float(value: Any) -> float:
+        # 10**400 or Decimal("1e400") is a number, but no float: it would be stored as
+        # infinity, or raise OverflowError in the writer.
+        try:
+            return float(value)
+        except (OverflowError, ValueError):
+            return math.inf
+
+    if not is_number(done) or not math.isfinite(as_float(done)) or done < 0:
+        raise ValueError(f"set_progress(): done must be a finite number >= 0, not {done!r:.60}")
+    if total is not None and (
+        not is_number(total) or not math.isfinite(as_float(total)) or total <= 0
+    ):
+        raise ValueError(f"set_progress(): total must be None or a number > 0, not {total!r:.60}")
     if not isinstance(message, str):
         raise TypeError(f"set_progress(): message must be a str, not {type(message).__name__}")
     return Report(
-        float(done),
-        None if total is None else float(total),
-        message[:MESSAGE_MAX_LENGTH],
+        as_float(done),
+        None if total is None else as_float(total),
+        # No NUL (PostgreSQL refuses it in text), and the column's length.
+        without_nul(message)[:MESSAGE_MAX_LENGTH],
         timezone.now(),
     )
 
@@ -279,14 +290,20 @@ class ProgressWriter:
                     connections[entry.db].close_if_unusable_or_obsolete()
                 write_report(entry.db, entry.job_id, report)
             except Exception as exc:  # progress must never fail a job, nor stop the writer
+                outage = isinstance(exc, OperationalError | InterfaceError)
                 logger.warning(
-                    "could not write the progress of job %s (%s: %s); retrying",
+                    "could not write the progress of job %s (%s: %s); %s",
                     entry.job_id,
                     type(exc).__name__,
-                    exc,
+                    clip(safe_str(exc), 300),
+                    "retrying" if outage else "dropping this value",
                 )
                 if not in_job_thread:
                     self.close_connections()
+                if not outage:
+                    # The database refused this value itself: writing it again would fail
+                    # again, every second, for as long as the job runs.
+                    return True
                 with self.changed:
                     if entry.pending is None:
                         entry.pending = report  # unless a newer value came meanwhile

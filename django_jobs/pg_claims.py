@@ -25,6 +25,7 @@ from datetime import datetime
 from django.db import connections
 from django.db.models import Q
 
+from .limits import MAX_SECONDS
 from .models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution, UniqueUntil
 from .notify import jobs_ready
 from .pg_admission import lock_statement, recount_params, recount_statement
@@ -131,7 +132,10 @@ def claim_statement(
         f"lease_expires_at, batch_id, created_at) "
         f"SELECT id, %s, queue_name, concurrency_key, "
         f"CASE WHEN concurrency_key IS NOT NULL AND concurrency_duration IS NOT NULL "
-        f"THEN %s + concurrency_duration * interval '1 second' END, batch_id, %s FROM moved) "
+        # Bounded as limits.later() bounds it: a row's infinite or negative duration
+        # must not make the claim, every worker's, fail with "interval out of range".
+        f"THEN %s + GREATEST(0, LEAST(concurrency_duration, {MAX_SECONDS})) "
+        f"* interval '1 second' END, batch_id, %s FROM moved) "
         f"SELECT * FROM moved"
     )
     return sql, tuple(picked_params)

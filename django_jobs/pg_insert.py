@@ -60,6 +60,12 @@ def statement(db: str) -> tuple[str, list[models.Field]]:
         if isinstance(field, models.JSONField):
             arrays.append("%s::text[]")
             selected.append(f"c{index}::jsonb")
+        elif isinstance(field, models.CharField):
+            # As text: an explicit cast to varchar(n) cuts a longer value short without
+            # a word; the insert's own assignment to the column refuses it, as the
+            # single insert does.
+            arrays.append("%s::text[]")
+            selected.append(f"c{index}")
         else:
             arrays.append(f"%s::{field.db_type(connection)}[]")
             selected.append(f"c{index}")

@@ -98,6 +98,7 @@ DJANGO_JOBS = {
     "shutdown_timeout": env.float("JOBS_SHUTDOWN_TIMEOUT", default=5.0),
     "interrupt_grace": env.float("JOBS_INTERRUPT_GRACE", default=5.0),
     "cancel_poll_interval": env.float("JOBS_CANCEL_POLL_INTERVAL", default=1.0),
+    "max_error_size": env.int("JOBS_MAX_ERROR_SIZE", default=64 * 1024),
     # "queue=N,other=M": queue-wide caps across all workers.
     "max_concurrency": {
         queue: int(cap) for queue, cap in env.dict("JOBS_MAX_CONCURRENCY", default={}).items()

@@ -99,14 +99,15 @@ def test_system_exit_and_keyboard_interrupt_are_failures(run_claimed, task, erro
     assert FailedExecution.objects.get(job_id=job.pk).exception_class_path == error
 
 
-def test_a_return_value_that_is_not_json_fails_the_attempt(run_claimed):
+def test_a_return_value_that_is_not_json_fails_the_job_unretried(run_claimed):
     tasks.echo.enqueue("x")
-    Job.objects.update(task_path="tests.tasks.returns_a_set")
+    Job.objects.update(task_path="tests.tasks.returns_a_set", max_attempts=3)
     job = run_claimed()
-    assert job.status == JobStatus.FAILED
+    # The body ran to its end: not run again for a value it would most likely return again.
+    assert (job.status, job.attempts) == (JobStatus.FAILED, 1)
     failure = FailedExecution.objects.get(job_id=job.pk)
-    assert failure.exception_class_path == "builtins.TypeError"
-    assert "JSON" in failure.message
+    assert failure.exception_class_path == "django_jobs.exceptions.ResultNotStored"
+    assert "the return value is not JSON serializable" in failure.message
 
 
 def test_async_tasks_run_on_an_event_loop(run_claimed):

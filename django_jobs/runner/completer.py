@@ -29,10 +29,12 @@ from django.db import close_old_connections
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished
 
-from ..claims import finish_jobs
+from ..claims import ErrorInfo, fail_job, finish_jobs
+from ..exceptions import ResultNotStored
 from ..models import Job
-from ..text import jobs_logger
+from ..text import clip, jobs_logger, safe_str
 from .context import ExecutionContext, describe, persist
+from .db_retry import reset_connection
 
 logger = jobs_logger("django_jobs.worker")
 
@@ -90,16 +92,68 @@ class Completer:
                         return
                     batch, self.queue = self.queue, []
                 self.write(batch)
+        except BaseException:
+            # Not one job's doing (those are settled in write_isolated): a bug of ours.
+            # Without this thread no success of this process is ever recorded again.
+            logger.exception("the completer stopped")
+            self.ctx.lifecycle.request_broken("the completer thread stopped")
         finally:
             close_old_connections()
 
     def write(self, batch: list[Success]) -> None:
         try:
-            write_successes(self.ctx, batch)
+            write_isolated(self.ctx, batch)
         finally:
             with self.changed:
                 self.pending.difference_update(success.job.pk for success in batch)
             self.on_written()
+
+
+def write_isolated(ctx: ExecutionContext, batch: list[Success]) -> None:
+    """:func:`write_successes`, with a batch the database refuses split in halves until
+    only the job it refuses is left, which is then failed (``ResultNotStored``).
+
+    Values are checked in the jobs' own threads (``json_return_value``), so this is
+    the net for what no check foresaw: one job's row must not stop the others'
+    finishes, nor this thread (docs/design.md, invariant 10).
+    """
+    try:
+        write_successes(ctx, batch)
+        return
+    except Exception as exc:
+        reset_connection(ctx.db)  # whatever state the refused statement left it in
+        if len(batch) > 1:
+            logger.warning(
+                "a finish of %d jobs was refused (%s: %s); writing it in halves",
+                len(batch),
+                type(exc).__name__,
+                clip(safe_str(exc), 300),
+            )
+            middle = len(batch) // 2
+            write_isolated(ctx, batch[:middle])
+            write_isolated(ctx, batch[middle:])
+            return
+        refused = exc
+    (success,) = batch
+    refusal = ResultNotStored(
+        f"the database refused to record this job's success ({type(refused).__name__}: "
+        f"{clip(safe_str(refused), 500)})"
+    )
+    logger.error("job %s: %s", success.job.pk, refusal)
+    error = ErrorInfo(
+        f"{ResultNotStored.__module__}.{ResultNotStored.__qualname__}", str(refusal), ""
+    )
+    try:
+        persist(
+            ctx,
+            f"failing job {success.job.pk}",
+            lambda: fail_job(
+                ctx.db, success.job.pk, ctx.process_id, error, worker_id=ctx.worker_id, retry=False
+            ),
+        )
+    except Exception:
+        logger.exception("job %s: its failure could not be recorded either", success.job.pk)
+        ctx.lifecycle.request_broken(f"the outcome of job {success.job.pk} could not be recorded")
 
 
 def write_successes(ctx: ExecutionContext, batch: list[Success]) -> None:
@@ -133,8 +187,13 @@ def write_successes(ctx: ExecutionContext, batch: list[Success]) -> None:
 
 
 def announce(success: Success) -> None:
+    """Log the success and send ``task_finished``; a receiver that raises is logged, not
+    let loose in the thread that records every other job's success."""
     job, result = success.job, success.result
     logger.info("job finished %s duration=%.3fs", describe(job), success.duration)
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "_return_value", success.value)
-    task_finished.send(type(success.task.get_backend()), task_result=result)
+    try:
+        task_finished.send(type(success.task.get_backend()), task_result=result)
+    except Exception:
+        logger.exception("job %s: a task_finished receiver raised", job.pk)

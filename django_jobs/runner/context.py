@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..conf import JobsSettings
 from ..models import Job
 from .db_retry import retry_until_done
 from .lifecycle import Lifecycle
@@ -26,6 +27,9 @@ class ExecutionContext:
     worker_id: str
     lifecycle: Lifecycle
     db_retry_max_delay: float
+    # The size limits of DJANGO_JOBS (conf.JobsSettings), read once per process.
+    max_result_size: int = JobsSettings.max_result_size
+    max_error_size: int = JobsSettings.max_error_size
     # Where successes go to be written in batches; None writes each in its own thread.
     completer: Completer | None = None
     # Enforces timeouts and cancel requests; None runs jobs unwatched (tests).

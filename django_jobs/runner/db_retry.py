@@ -68,6 +68,14 @@ def loop_until_stopped(
             log.warning("database unavailable (%s); retrying in %.2fs", exc, delay)
             lifecycle.sleep(delay)
             continue
+        except Exception:
+            # A row no step foresaw (one job's data) or a bug of ours: the loop goes on,
+            # backing off, rather than leave the process heartbeating with no loop.
+            reset_connection(db)
+            delay = backoff.next()
+            log.exception("this step failed; trying again in %.2fs", delay)
+            lifecycle.sleep(delay)
+            continue
         lifecycle.sleep(pause)
 
 

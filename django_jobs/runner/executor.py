@@ -15,28 +15,39 @@ from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 
 from ..batches import current_job_id
-from ..claims import ErrorInfo, fail_job, release_job, snooze_job, start_jobs
-from ..exceptions import JobInterrupted, Snooze, TaskNotFound
+from ..claims import MAX_ERROR_MESSAGE, ErrorInfo, fail_job, release_job, snooze_job, start_jobs
+from ..conf import JobsSettings
+from ..exceptions import JobInterrupted, ResultNotStored, Snooze, TaskNotFound
 from ..job_progress import flush_progress
 from ..loading import load_task
 from ..models import Job, JobStatus
 from ..results import build_result
 from ..serialization import json_return_value
-from ..text import jobs_logger
+from ..text import clip, jobs_logger, safe_str, storable_text
 from ..tracing import traced_execution
-from .completer import Success, write_successes
+from .completer import Success, write_isolated
 from .context import ExecutionContext, describe, persist
+from .db_retry import reset_connection
 from .watchdog import Control, current_control
 
 logger = jobs_logger("django_jobs.worker")
 
+# Characters of an exception's message shown in a log line.
+MAX_LOGGED = 500
 
-def error_info(exc: BaseException) -> ErrorInfo:
+
+def error_info(exc: BaseException, max_size: int = JobsSettings.max_error_size) -> ErrorInfo:
+    """The record of ``exc``, whatever it is: its ``__str__`` may raise, its message may
+    hold a NUL or a megabyte (``fail_claimed`` cuts and cleans what it writes)."""
     kind = type(exc)
+    try:
+        trace = "".join(traceback.format_exception(exc))
+    except Exception as problem:
+        trace = f"(its traceback could not be formatted: {type(problem).__name__})"
     return ErrorInfo(
         exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-        message=str(exc)[:2000],
-        traceback="".join(traceback.format_exception(exc)),
+        message=storable_text(safe_str(exc), MAX_ERROR_MESSAGE),
+        traceback=storable_text(trace, max_size),
     )
 
 
@@ -47,16 +58,33 @@ def execute_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> No
     try:
         run_claimed_job(job, ctx, started=started)
     except Exception as exc:
-        # A bug of ours must not leave the job claimed by a live process forever.
+        # A bug of ours, or an outcome the database refused: the job must not stay
+        # claimed by a live process forever.
         logger.exception("internal error while running job %s", job.pk)
-        error = error_info(exc)
+        settle_after_error(job, ctx, exc)
+    finally:
+        close_old_connections()
+
+
+def settle_after_error(job: Job, ctx: ExecutionContext, exc: Exception) -> None:
+    """Fail ``job`` after an error that stopped its outcome from being recorded.
+
+    If even that cannot be written, this process stops (``request_broken``): its
+    claims are then settled by recovery, which writes nothing of the job's own,
+    and a fresh process takes over. A worker that went on heartbeating would hold
+    this claim, and its key's slot, forever.
+    """
+    error = error_info(exc, ctx.max_error_size)
+    try:
+        reset_connection(ctx.db)  # whatever state the failed statement left it in
         persist(
             ctx,
             f"failing job {job.pk}",
             lambda: fail_job(ctx.db, job.pk, ctx.process_id, error, worker_id=ctx.worker_id),
         )
-    finally:
-        close_old_connections()
+    except Exception:
+        logger.exception("job %s: its failure could not be recorded either", job.pk)
+        ctx.lifecycle.request_broken(f"the outcome of job {job.pk} could not be recorded")
 
 
 def start_once(jobs: list[Job], ctx: ExecutionContext) -> Callable[[], list[Job]]:
@@ -111,10 +139,13 @@ def interrupted(control: Control, exc: BaseException, duration: float) -> ErrorI
     else:
         what = f"timed out: still running after its timeout of {control.timeout:g}s"
     message = f"{what} (ran {duration:.3f}s)"
+    raised = error_info(exc)
     if not isinstance(exc, JobInterrupted):
-        message += f"; it raised {type(exc).__name__}: {exc}"
+        message += f"; it raised {type(exc).__name__}: {raised.message}"
     return ErrorInfo(
-        f"{kind.__module__}.{kind.__qualname__}", message, "".join(traceback.format_exception(exc))
+        f"{kind.__module__}.{kind.__qualname__}",
+        storable_text(message, MAX_ERROR_MESSAGE),
+        raised.traceback,
     )
 
 
@@ -235,7 +266,9 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
         if control is not None and control.cancelled:
             # It saw cancel_requested() and returned: cancelled all the same.
             raise control.exception()
-        value = json_return_value(value)
+        # Checked here, in the job's own thread: a value the database would refuse
+        # fails this job, not the shared finish of every job beside it.
+        value = json_return_value(value, ctx.db, ctx.max_result_size)
     except BaseException as exc:  # SystemExit/KeyboardInterrupt of a task must not kill us
         if control is not None:
             ctx.watchdog.forget(control)
@@ -243,11 +276,14 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
         if isinstance(exc, Snooze) and (control is None or control.reason is None):
             snooze(job, task, result, ctx, exc.seconds, duration)
             return
-        error = error_info(exc)
+        error = error_info(exc, ctx.max_error_size)
         if control is not None and control.reason is not None:
             error = interrupted(control, exc, duration)
-        # A cancelled job is never retried, whatever its body raised on the way out.
-        may_retry = control is None or not control.cancelled
+        # A cancelled job is never retried, whatever its body raised on the way out;
+        # nor one whose body ran to its end but whose value cannot be stored.
+        may_retry = (control is None or not control.cancelled) and not isinstance(
+            exc, ResultNotStored
+        )
         outcome = persist(
             ctx,
             f"failing job {job.pk}",
@@ -268,7 +304,7 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
             describe(job),
             duration,
             type(exc).__name__,
-            exc,
+            clip(error.message, MAX_LOGGED),
             retry,
         )
         status = TaskResultStatus.READY if outcome.will_retry else TaskResultStatus.FAILED
@@ -280,4 +316,4 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
     if ctx.completer is not None:
         ctx.completer.submit(success)
     else:
-        write_successes(ctx, [success])
+        write_isolated(ctx, [success])

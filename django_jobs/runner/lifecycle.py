@@ -43,6 +43,10 @@ class Lifecycle:
         # Jobs still running after the shutdown deadline's interrupt: the same, but
         # met on a stop this process was asked for, so not a reason to exit non-zero.
         self.left_running: set[int] = set()
+        # Why this process cannot go on (an outcome it could not record, a thread that
+        # died): it stops taking work, its claims are settled by recovery, and it exits
+        # non-zero so that its supervisor or process manager replaces it.
+        self.broken: str | None = None
 
     def request_stop(self, reason: str = "") -> None:
         if not self.stopping.is_set():
@@ -106,6 +110,17 @@ class Lifecycle:
         """Stop taking work and exit once the running jobs are done, to be replaced."""
         self.recycling = reason
         self.request_stop(f"recycling: {reason}")
+
+    def request_broken(self, reason: str) -> None:
+        """This process cannot go on working correctly: stop, and exit non-zero.
+
+        Never a process that heartbeats while doing no work: its claims would be
+        held by a live process, and nothing would recover them.
+        """
+        if self.broken is None:
+            self.broken = reason
+            logger.error("this process cannot go on (%s): stopping it to be replaced", reason)
+        self.request_stop(reason)
 
     def request_abandon(self, job_id: int) -> None:
         """A job cannot be stopped: stop taking work, end the others, exit without it."""

@@ -79,13 +79,19 @@ def run_child(kind: str, overrides: dict[str, Any], supervisor_id: int, verbosit
                 lifecycle.request_stop("supervisor is gone")
 
     threading.Thread(target=watch_parent, daemon=True, name="django-jobs-parent-watch").start()
-    code = 0
+    code = 1  # unless run_role returns: then as it ended
     try:
         run_role(kind, conf, lifecycle, supervisor_id)
         if lifecycle.leaves_claims:
             code = ABANDONED_EXIT_CODE
+        elif lifecycle.broken:
+            code = 1  # replaced, and its claims recovered, like a crash
         elif lifecycle.recycling and not lifecycle.signalled.is_set():
             code = RECYCLE_EXIT_CODE
+        else:
+            code = 0
+    except BaseException:
+        logger.exception("the %s process failed", kind)
     finally:
         logging.shutdown()
         # Threads of jobs cut off at the shutdown timeout must not keep us alive.
@@ -268,3 +274,7 @@ def prune_stale(conf: JobsSettings) -> None:
     except DB_ERRORS as exc:
         reset_connection(conf.database)
         logger.warning("could not prune dead processes at start: %s", exc)
+    except Exception:
+        # Each claim's recovery is isolated (claims.recover_process_claims); whatever is
+        # left must not stop run_jobs from starting: the dispatcher prunes again.
+        logger.exception("could not prune dead processes at start")

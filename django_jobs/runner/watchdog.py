@@ -318,7 +318,13 @@ class Watchdog:
                 self.woken.clear()
                 if self.halt.is_set():
                     break
-                self.tick(time.monotonic())
+                try:
+                    self.tick(time.monotonic())
+                except Exception:
+                    # Without this thread no timeout or cancel is enforced again: log,
+                    # drop the connection whatever state it is in, go on at the next tick.
+                    logger.exception("the watchdog's check failed; going on")
+                    reset_connection(self.db)
         finally:
             close_old_connections()
 

@@ -66,6 +66,8 @@ class Worker:
             worker_id=worker_id,
             lifecycle=lifecycle,
             db_retry_max_delay=conf.db_retry_max_delay,
+            max_result_size=conf.max_result_size,
+            max_error_size=conf.max_error_size,
         )
         self.completer = Completer(self.ctx, on_written=lifecycle.wake.set)
         self.ctx.completer = self.completer
@@ -78,6 +80,8 @@ class Worker:
         self.ctx.watchdog = self.watchdog
         self.lock = threading.Lock()
         self.running: dict[int, Job] = {}
+        # Jobs of the claim being submitted that a thread has taken (claim_and_submit).
+        self.submitted: set[int] = set()
         self.pool = ThreadPoolExecutor(conf.threads, thread_name_prefix="django-jobs-worker")
         # Jobs still running when shutdown gave up on them (an immediate stop, a body
         # the interrupt did not end): their threads cannot be killed, so the process
@@ -145,6 +149,16 @@ class Worker:
                         )
                         self.lifecycle.sleep(delay)
                         continue
+                    except Exception:
+                        # A row no check foresaw, or a bug of ours: this loop is the
+                        # process's only claimer, so it goes on (backing off), and jobs
+                        # claimed before the error are handed back, not left to no thread.
+                        reset_connection(self.db)
+                        self.claims_in_doubt = True
+                        delay = backoff.next()
+                        logger.exception("claiming failed; trying again in %.2fs", delay)
+                        self.lifecycle.sleep(delay)
+                        continue
                 if claimed and claimed == limit < idle:
                     continue  # a full batch with threads to spare: there may be more
                 if self.once and not claimed and not self.running and self.queue_is_empty():
@@ -210,6 +224,22 @@ class Worker:
         with self.lock:
             for job in jobs:
                 self.running[job.pk] = job
+        try:
+            self.submit(jobs)
+        except BaseException:
+            # Jobs no thread took are not running: forgotten here, their claims are
+            # handed back before the next claim (``claims_in_doubt``, set by the caller).
+            with self.lock:
+                for job in jobs:
+                    if job.pk not in self.submitted:
+                        self.running.pop(job.pk, None)
+            raise
+        finally:
+            self.submitted.clear()
+        return len(jobs)
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Start what the claim did not, and hand each job to a thread."""
         runnable = [] if self.lifecycle.stopping.is_set() else [j for j in jobs if importable(j)]
         started = {job.pk for job in runnable if job.status == JobStatus.RUNNING}
         startable = [job for job in runnable if job.status == JobStatus.CLAIMED]
@@ -232,7 +262,7 @@ class Worker:
                     self.running.pop(job.pk, None)
                 continue
             self.pool.submit(self.run_one, job, job.pk in started)
-        return len(jobs)
+            self.submitted.add(job.pk)
 
     def run_one(self, job: Job, started: bool) -> None:
         try:

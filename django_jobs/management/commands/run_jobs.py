@@ -110,7 +110,7 @@ class Command(BaseCommand):
             abandoned = run_single_process(conf, lifecycle, once=options["once"])
             # Pruned as dead, or left a job it could not interrupt: a process manager
             # should start a fresh one.
-            code = 1 if lifecycle.pruned or lifecycle.stuck_jobs else 0
+            code = 1 if lifecycle.pruned or lifecycle.stuck_jobs or lifecycle.broken else 0
             if abandoned:
                 # Threads of jobs cut off at the shutdown timeout cannot be joined.
                 logging.shutdown()
@@ -121,7 +121,8 @@ class Command(BaseCommand):
             Supervisor(conf, lifecycle, overrides, verbosity).run()
             code = 1 if lifecycle.pruned else 0
         if code:
-            raise CommandError("stopped: this process was pruned as dead", returncode=code)
+            why = lifecycle.broken or "this process was pruned as dead"
+            raise CommandError(f"stopped: {why}", returncode=code)
 
 
 def refuse_unknown_queues(conf: JobsSettings, flag: str | None) -> None:
