@@ -440,6 +440,19 @@ def test_a_failure_with_a_hostile_backoff_row_is_retried_within_bounds(worker, r
     assert calls == []
 
 
+def test_a_failure_retries_after_the_delay_its_task_declares(worker):
+    """The row names the task's own function: that function object gives the delay."""
+    job_id = int(with_declared_backoff.enqueue("v").id)
+    assert Job.objects.get(pk=job_id).backoff == {"path": f"{HERE}.declared_backoff"}
+    before = timezone.now()
+    job = fail_once(worker, job_id)
+    assert job.status == JobStatus.SCHEDULED
+    scheduled_at = ScheduledExecution.objects.get(job_id=job_id).scheduled_at
+    delay = timedelta(seconds=7)
+    assert before + delay <= scheduled_at <= timezone.now() + delay
+    assert calls == [("declared_backoff", 1)]
+
+
 # --- Snooze ---------------------------------------------------------------------------
 
 
