@@ -57,10 +57,14 @@ def clip(text: str, limit: int) -> str:
     """``text`` cut to at most ``limit`` characters, saying how much was cut."""
     if len(text) <= limit:
         return text
-    note = f"... [{len(text) - limit:,} more characters cut]"
-    if limit <= len(note):
+    note = ""
+    for _ in range(2):  # the note's own length changes how much is cut, once at most
+        kept = limit - len(note)
+        note = f"... [{len(text) - kept:,} more characters cut]"
+    kept = limit - len(note)
+    if kept <= 0:
         return text[:limit]
-    return text[: limit - len(note)] + note
+    return text[:kept] + note
 
 
 def storable_text(value: object, limit: int) -> str:
