@@ -19,7 +19,7 @@ from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Ta
 from django.tasks.base import DEFAULT_TASK_PRIORITY
 from django.tasks.exceptions import InvalidTask
 
-from .backoff import BackoffSpec, declared_seconds, safe_repr, validate_backoff
+from .backoff import BackoffSpec, Exponential, declared_seconds, safe_repr, validate_backoff
 from .conf import did_you_mean
 from .exceptions import InvalidTaskArguments
 from .limits import MAX_ATTEMPTS
@@ -97,6 +97,18 @@ class JobTask(Task):
     ) -> JobTask:
         """Django's ``using()``, plus per-call overrides of this backend's options."""
         reject_unknown_options(options, "Unknown task option(s) for using()")
+        backoff = options.get("backoff")
+        if (
+            callable(backoff)
+            and not isinstance(backoff, Exponential)
+            and backoff is not self.backoff
+        ):
+            # A job row names its backoff; a worker calls only the function its task
+            # declares (docs/tasks.md), so a per-call one would be dropped there, silently.
+            raise InvalidTask(
+                f"{self.module_path}: a backoff function is declared with the task "
+                "(@task(backoff=...)), not per call; per call, give seconds or Exponential(...)"
+            )
         base = Task.using(
             self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
         )

@@ -180,10 +180,20 @@ def test_task_options_are_stored_on_the_job():
         2,
     )
     assert job.backoff == {"exponential": {"base": 1, "factor": 2.0, "max": 8, "jitter": 0.25}}
-    per_call = limited.using(max_attempts=1, backoff=module_level_backoff, concurrency_limit=3)
+    per_call = limited.using(max_attempts=1, backoff=7, concurrency_limit=3)
     job = Job.objects.get(pk=int(per_call.enqueue("y").id))
     assert (job.max_attempts, job.concurrency_limit) == (1, 3)
+    assert job.backoff == {"fixed": 7.0}
+    declared = jobs_task(tasks.echo.func, backoff=module_level_backoff)
+    job = Job.objects.get(pk=int(declared.using(max_attempts=2).enqueue("z").id))
     assert job.backoff == {"path": "tests.test_api.module_level_backoff"}
+
+
+def test_a_backoff_function_per_call_is_refused():
+    """A worker calls only the backoff function the loaded task declares (a row's path is
+    never imported): one given per call would be dropped there, so it is refused here."""
+    with pytest.raises(InvalidTask, match="a backoff function is declared with the task"):
+        jobs_task(tasks.echo.func).using(backoff=module_level_backoff)
 
 
 def test_concurrency_key_callable_and_defaults():
