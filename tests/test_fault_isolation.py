@@ -155,6 +155,26 @@ row_json = st.recursive(
 )
 
 
+# --- a thread that cannot go on ----------------------------------------------------------
+
+
+def test_a_worker_whose_completer_dies_exits_and_is_replaced(run_jobs):
+    """Never a process that heartbeats while doing no work: the broken worker process exits
+    non-zero, its supervisor replaces it, recovery settles its claim."""
+    worker = run_jobs(*WORKER)
+    sabotage = hostile.breaks_the_completer.enqueue()
+    job = settled([int(sabotage.id)])[int(sabotage.id)]
+    assert job.status == JobStatus.FAILED
+    assert last_failure(job.pk).exception_class_path == "django_jobs.exceptions.ProcessDied"
+    output = worker.output()
+    assert "cannot go on (the completer thread stopped)" in output
+    assert "exited unexpectedly (code 1); replacing it" in output
+    canary = hostile.canary.enqueue()
+    job = settled([int(canary.id)])[int(canary.id)]
+    assert (job.status, job.return_value) == (JobStatus.SUCCEEDED, "alive")
+    assert worker.proc.poll() is None
+
+
 # --- return values -----------------------------------------------------------------------
 
 

@@ -163,7 +163,14 @@ class Supervisor:
                 return
             for sentinel in ready:
                 child = sentinels[sentinel]
-                self.replace(child)
+                try:
+                    self.replace(child)
+                except Exception:
+                    # Recovery isolates each claim; whatever still escapes must not take
+                    # the supervisor, and every other child, down with it. A child left
+                    # unreplaced is tried again at the next round (its sentinel stays ready).
+                    logger.exception("replacing the %s process failed; trying again", child.kind)
+                    self.lifecycle.stopping.wait(RESTART_DELAY)
             self.lifecycle.wake.clear()
 
     def replace(self, child: Child) -> None:
