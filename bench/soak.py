@@ -247,6 +247,9 @@ class Report:
             "faults: " + ", ".join(f"{k} {v}" for k, v in sorted(info["faults"].items())),
         ]
         lines += [f"{k}: {info[k]}" for k in ("hostile_outcomes", "notes") if info.get(k)]
+        if info.get("enqueue_errors"):
+            errors = info["enqueue_errors"]
+            lines.append(f"enqueue errors (the driver's): {len(errors)}, first: {errors[0]}")
         width = max(len(f.name) for f in self.figures)
         lines.append("")
         lines.append(f"{'figure':<{width}}  {'value':>6}  {'bound':>6}")
@@ -282,7 +285,10 @@ def progress(message: str) -> None:
 class Soak:
     def __init__(self, config: Config) -> None:
         self.config = config
+        # One generator per thread, so that a seed replays the same actions and the same
+        # order of fault kinds (not the same timing, nor the same victims' pids).
         self.rng = random.Random(config.seed)
+        self.fault_rng = random.Random(config.seed + 1)
         self.vendor = connection.vendor
         self.server = "mariadb" if getattr(connection, "mysql_is_mariadb", False) else self.vendor
         self.audit_dir = config.work_dir / "records"
@@ -306,6 +312,7 @@ class Soak:
         self.follow_ups: list[tuple[float, Any]] = []
         self.keyed_tasks = {key: tasks.keyed.using(concurrency_limit=n) for key, n in KEYS.items()}
         self.drain_seconds = 0.0
+        self.unstopped: list[int] = []  # processes still running STOP_TIMEOUT after SIGTERM
         self.began = time.monotonic()
 
     # --- processes
@@ -362,10 +369,10 @@ class Soak:
         try:
             pending: list[str] = []
             low, high = self.config.fault_every
-            while not self.stop_faults.wait(self.rng.uniform(low, high)):
+            while not self.stop_faults.wait(self.fault_rng.uniform(low, high)):
                 if not pending:
                     pending = self.fault_kinds()
-                    self.rng.shuffle(pending)
+                    self.fault_rng.shuffle(pending)
                 kind = pending.pop()
                 try:
                     detail = getattr(self, kind)()
@@ -385,7 +392,7 @@ class Soak:
         workers = self.live_workers()
         if not workers:
             return "skipped: no live worker registered"
-        pid = self.rng.choice(workers)
+        pid = self.fault_rng.choice(workers)
         self.killed[pid] = time.time()
         os.kill(pid, signal.SIGKILL)
         self.worker_kills += 1
@@ -395,7 +402,7 @@ class Soak:
         live = [sup for sup in self.supervisors if sup.proc.poll() is None]
         if not live:
             return "skipped: no live supervisor"
-        sup = self.rng.choice(live)
+        sup = self.fault_rng.choice(live)
         children = sup.tree()
         self.killed[sup.pid] = time.time()
         sup.send(signal.SIGKILL)
@@ -614,7 +621,7 @@ class Soak:
             try:
                 sup.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.faults.append({"t": 0, "kind": "stop_timeout", "detail": f"pid {sup.pid}"})
+                self.unstopped.append(sup.pid)
         self.supervisors = []
         try:
             wait_until(
@@ -625,7 +632,7 @@ class Soak:
             )
         except AssertionError:
             for pid in self.all_pids():
-                self.faults.append({"t": 0, "kind": "stop_timeout", "detail": f"pid {pid}"})
+                self.unstopped.append(pid)
                 self.killed[pid] = time.time()
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -681,7 +688,10 @@ class Soak:
             final = self.drain()
             stranded = self.stranded()
             final.send(signal.SIGTERM)
-            final.wait(STOP_TIMEOUT)
+            try:
+                final.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.unstopped.append(final.pid)
             progress("audit")
             return self.audit(stranded)
         finally:
@@ -1059,6 +1069,15 @@ class Soak:
                 bound,
                 f"bound 2 x {self.config.threads} threads x {self.worker_kills} worker kills; "
                 f"{completed_but_failed[:10]}",
+            )
+        )
+
+        figures.append(
+            Figure(
+                "processes not stopped by SIGTERM",
+                len(set(self.unstopped)),
+                0,
+                f"pids {sorted(set(self.unstopped))} still ran {STOP_TIMEOUT:g}s after it",
             )
         )
 

@@ -123,7 +123,7 @@ def unique(context, slot: int, ms: float) -> int:
     return slot
 
 
-@task(takes_context=True, max_attempts=2, backoff=0)
+@task(takes_context=True, max_attempts=SAFE_ATTEMPTS, backoff=0)
 def item(context, ms: float, fail: bool) -> str:
     """A batch item; ``fail`` fails every attempt, so the item fails for good."""
     with audited(context, "item"):

@@ -64,8 +64,8 @@ def test_a_short_chaos_soak_keeps_every_audited_figure_within_its_bound(tmp_path
         assert faults.get("connections terminated", 0) >= 1, table
     assert set(report.info["hostile_outcomes"]) == set(soak_tasks.HOSTILE), table
     assert report.info["batches"] >= 1 and report.info["ticks"] >= SECONDS / 2, table
-    assert report.info["jobs_total"] >= 10 * SECONDS, table
-    assert report.info["statuses"].get("succeeded", 0) >= 5 * SECONDS, table
+    assert report.info["jobs_total"] >= 5 * SECONDS, table
+    assert report.info["statuses"].get("succeeded", 0) >= 3 * SECONDS, table
 
 
 def test_the_audit_arithmetic_sees_what_it_must():
