@@ -313,6 +313,7 @@ class Soak:
         self.keyed_tasks = {key: tasks.keyed.using(concurrency_limit=n) for key, n in KEYS.items()}
         self.drain_seconds = 0.0
         self.unstopped: list[int] = []  # processes still running STOP_TIMEOUT after SIGTERM
+        self.unexpected_exits: list[str] = []  # supervisors that exited without our SIGKILL
         self.began = time.monotonic()
 
     # --- processes
@@ -373,6 +374,7 @@ class Soak:
                 if not pending:
                     pending = self.fault_kinds()
                     self.fault_rng.shuffle(pending)
+                self.replace_exited_supervisors()
                 kind = pending.pop()
                 try:
                     detail = getattr(self, kind)()
@@ -387,6 +389,16 @@ class Soak:
             self.fault_error = exc
         finally:
             connection.close()
+
+    def replace_exited_supervisors(self, *, replace: bool = True) -> None:
+        """A supervisor we did not kill has exited: say so, and start another."""
+        for sup in list(self.supervisors):
+            code = sup.proc.poll()
+            if code is not None:
+                self.unexpected_exits.append(f"supervisor pid {sup.pid} exited with {code}")
+                self.supervisors.remove(sup)
+                if replace:
+                    self.supervisors.append(self.start_run_jobs())
 
     def kill_worker(self) -> str:
         workers = self.live_workers()
@@ -613,6 +625,7 @@ class Soak:
     def stop_all(self) -> None:
         """SIGTERM every live supervisor; wait for them and for the killed supervisors'
         children (which stop by themselves) to exit. What does not is killed, and said."""
+        self.replace_exited_supervisors(replace=False)
         for sup in self.supervisors:
             if sup.proc.poll() is None:
                 sup.send(signal.SIGTERM)
@@ -696,6 +709,8 @@ class Soak:
             return self.audit(stranded)
         finally:
             self.stop_faults.set()
+            if fault_thread.is_alive():  # a failed run: no fault may start processes after this
+                fault_thread.join(60)
             for pid in self.all_pids():
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -712,9 +727,7 @@ class Soak:
     def stranded(self) -> list[int]:
         """Jobs waiting behind nothing at the end of the drain, its workers idle: ready,
         blocked while their key has a free slot, or scheduled and overdue."""
-        free = {
-            s.key for s in Semaphore.objects.all() if s.value > 0
-        }  # keys with a slot nobody holds
+        free = {s.key for s in Semaphore.objects.all() if s.value > 0}  # a slot nobody holds
         overdue = timezone.now() - timedelta(seconds=5)
         ids = set(ReadyExecution.objects.values_list("job_id", flat=True))
         ids |= set(
@@ -1078,6 +1091,15 @@ class Soak:
                 len(set(self.unstopped)),
                 0,
                 f"pids {sorted(set(self.unstopped))} still ran {STOP_TIMEOUT:g}s after it",
+            )
+        )
+
+        figures.append(
+            Figure(
+                "supervisors exited without our SIGKILL",
+                len(self.unexpected_exits),
+                0,
+                "; ".join(self.unexpected_exits[:5]),
             )
         )
 
