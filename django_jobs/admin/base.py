@@ -1,5 +1,5 @@
 """The common ground of the jobs admin pages: permissions, page rendering, breadcrumbs,
-dates and the auto-refresh."""
+dates, the auto-refresh, and what a request may bring (ids, filters, no NUL)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 import django
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest
+from django.core.exceptions import BadRequest, PermissionDenied
+from django.http import Http404, HttpRequest, QueryDict
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import path, register_converter, reverse
 from django.utils import timezone
 from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
@@ -36,6 +36,47 @@ EMPTY = "\u2013"
 
 # Seconds between two refreshes of a page that refreshes itself (0: never).
 REFRESH_SECONDS = 10
+
+# The largest id a row can have (a signed 64-bit integer on every backend). SQLite refuses a
+# larger integer in a query with OverflowError, so no page passes one to the database.
+MAX_ID = 2**63 - 1
+
+
+def as_id(text: str) -> int | None:
+    """``text`` as a row's id, or None if no row can have it. ``str.isdigit`` alone is True
+    for "²" (which ``int`` refuses) and "٣" (which it reads as 3); 20 digits and more are
+    past ``MAX_ID`` (and ``int`` refuses 4,300)."""
+    if len(text) > len(str(MAX_ID)) or not (text.isascii() and text.isdigit()):
+        return None
+    number = int(text)
+    return number if number <= MAX_ID else None
+
+
+class IdConverter:
+    """A row's id in a path (``jobs_id``): like Django's ``int``, but a number past
+    ``MAX_ID`` does not match (404) instead of reaching the database."""
+
+    regex = "[0-9]{1,19}"
+
+    def to_python(self, value: str) -> int:
+        number = as_id(value)
+        if number is None:
+            raise ValueError(value)
+        return number
+
+    def to_url(self, value: int) -> str:
+        return str(value)
+
+
+register_converter(IdConverter, "jobs_id")
+
+
+def refuse_nul(data: QueryDict) -> None:
+    """400 for a NUL in a request's names or values. PostgreSQL refuses one in any text
+    parameter of a query (a 500), and no queue, key, task or id can hold one there."""
+    for name, values in data.lists():
+        if "\x00" in name or any("\x00" in value for value in values):
+            raise BadRequest("A NUL character in the request.")
 
 
 def format_datetime(value: datetime | None, empty: str = EMPTY) -> str:
@@ -137,10 +178,17 @@ class JobsPermissionsMixin:
             raise PermissionDenied
 
     def check_can_act(self, request: HttpRequest) -> None:
-        """For an action's view: a POST from a user allowed to act, or 403."""
+        """For an action's view: a POST from a user allowed to act, or 403; 400 if a
+        value holds a NUL (the action looks its queue or key up)."""
         self.require_act_permission(request)
         if request.method != "POST":
             raise PermissionDenied
+        refuse_nul(request.POST)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None):
+        """The row, by its primary key for an empty ``?_to_field=`` too: Django's change
+        form looks an empty field name up (FieldDoesNotExist, a 500)."""
+        return super().get_object(request, object_id, from_field or None)
 
     def object_to_show(self, request: HttpRequest, object_id: str, refusal: str) -> Any:
         """The row a read-only detail page shows: GET only (``refusal`` says what to do
@@ -155,11 +203,33 @@ class JobsPermissionsMixin:
         return obj
 
 
+def filter_parameters(list_filter: tuple) -> set[str]:
+    """The query-string parameters of a list's filters: a field's own (``status``, the
+    ``__exact`` and ``__isnull`` of Django's field filters) or a filter class's."""
+    names: set[str] = set()
+    for spec in list_filter:
+        if isinstance(spec, str):
+            names |= {spec, f"{spec}__exact", f"{spec}__isnull"}
+        else:
+            names.add(spec.parameter_name)
+    return names
+
+
 class ListTitleMixin:
     """A list titled by its name ("Jobs"), not "Select job to change": rows are opened to
-    be read, and acted on through buttons. Its status line names the time zone of its dates."""
+    be read, and acted on through buttons. Its status line names the time zone of its dates.
+
+    It filters by its own filters' parameters only (any other answers 400): Django's admin
+    otherwise takes any lookup on the model's fields from the URL, and a value the database
+    refuses (``?attempts__regex=[``, ``?args__contains=`` on SQLite) answered 500.
+    """
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        allowed = lookup in filter_parameters(self.list_filter)
+        return allowed and super().lookup_allowed(lookup, value, request)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        refuse_nul(request.GET)
         context = {
             "title": self.model._meta.verbose_name_plural.capitalize(),
             "now": timezone.now(),
@@ -198,6 +268,7 @@ class PageAdmin(JobsPermissionsMixin, admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
         if not self.has_view_permission(request):
             raise PermissionDenied
+        refuse_nul(request.GET)
         context = {
             **page_context(self, request, self.title, refresh=self.refresh_seconds),
             "can_act": self.has_act_permission(request),

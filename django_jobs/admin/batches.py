@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin import ShowFacets
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -100,6 +101,8 @@ class BatchAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
     list_per_page = 50
     list_max_show_all = 200
     show_full_result_count = False
+    # Facets (``?_facets=1``) count each filter's choices over the whole table.
+    show_facets = ShowFacets.NEVER
     paginator = pagination.CappedCountPaginator
     actions = None
     # A batch's own page follows its progress by itself; the list does not.

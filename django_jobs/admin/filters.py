@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from ..conf import JobsSettings
 from ..models import Batch, BlockedExecution, ClaimedExecution, Job, ReadyExecution, Semaphore
+from .base import as_id
 
 RECENT = 2_000
 MAX_CHOICES = 100
@@ -120,6 +121,5 @@ class BatchFilter(admin.SimpleListFilter):
         value = self.value()
         if not value:
             return queryset
-        if not value.isdigit():
-            return queryset.none()
-        return queryset.filter(batch_id=int(value))
+        batch_id = as_id(value)
+        return queryset.none() if batch_id is None else queryset.filter(batch_id=batch_id)

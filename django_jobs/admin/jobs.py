@@ -7,6 +7,8 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import ShowFacets
+from django.core.exceptions import BadRequest
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -36,6 +38,7 @@ from .base import (
     REFRESH_SECONDS,
     JobsPermissionsMixin,
     ListTitleMixin,
+    as_id,
     format_datetime,
     key_html,
     page_context,
@@ -62,6 +65,11 @@ CANCELLABLE = {
 
 def jobs_db() -> str:
     return JobsSettings.load().database
+
+
+def is_number(term: str) -> bool:
+    """A search for a job id: ASCII digits only ("²" is text)."""
+    return term.isascii() and term.isdigit()
 
 
 def plural(n: int, word: str) -> str:
@@ -176,6 +184,8 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
     list_per_page = 50
     list_max_show_all = 200
     show_full_result_count = False
+    # Facets (``?_facets=1``) count each filter's choices over the whole table.
+    show_facets = ShowFacets.NEVER
     paginator = pagination.CappedCountPaginator
     actions = ("retry_selected", "discard_selected", "cancel_selected", "run_selected_now")
     change_list_template = "admin/django_jobs/job/change_list.html"
@@ -233,12 +243,23 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
         return html
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str):
+        """A number is an id (one no job can have finds nothing); other text is looked
+        for in the arguments."""
         term = search_term.strip().lstrip("#")
         if not term:
             return queryset, False
-        if term.isdigit():
-            return queryset.filter(pk=int(term)), False
+        if is_number(term):
+            job_id = as_id(term)
+            return (queryset.none() if job_id is None else queryset.filter(pk=job_id)), False
         return queryset.filter(Q(args__icontains=term) | Q(kwargs__icontains=term)), False
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet, *args, **kwargs):
+        """Django filters by the ticked ids as they were posted: one that is no id ("²",
+        past the bigint range) raised there, a 500. A browser only posts the list's own."""
+        ticked = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
+        if any(as_id(value) is None for value in ticked):
+            raise BadRequest("A selected job id is not an id.")
+        return super().response_action(request, queryset, *args, **kwargs)
 
     # --- one job's page ------------------------------------------------------------------
 
@@ -279,10 +300,14 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
             return self.admin_site.admin_view(view)
 
         return [
-            path("<int:job_id>/retry/", wrap(self.retry_view), name="django_jobs_job_retry"),
-            path("<int:job_id>/discard/", wrap(self.discard_view), name="django_jobs_job_discard"),
-            path("<int:job_id>/cancel/", wrap(self.cancel_view), name="django_jobs_job_cancel"),
-            path("<int:job_id>/run-now/", wrap(self.run_now_view), name="django_jobs_job_run_now"),
+            path("<jobs_id:job_id>/retry/", wrap(self.retry_view), name="django_jobs_job_retry"),
+            path(
+                "<jobs_id:job_id>/discard/", wrap(self.discard_view), name="django_jobs_job_discard"
+            ),
+            path("<jobs_id:job_id>/cancel/", wrap(self.cancel_view), name="django_jobs_job_cancel"),
+            path(
+                "<jobs_id:job_id>/run-now/", wrap(self.run_now_view), name="django_jobs_job_run_now"
+            ),
             *super().get_urls(),
         ]
 
@@ -296,7 +321,7 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
         """The list, with the line saying which time zone its dates are in and its
         auto-refresh, which a search in the arguments turns off: that search reads every job."""
         term = request.GET.get("q", "").strip().lstrip("#")
-        searching = bool(term) and not term.isdigit()
+        searching = bool(term) and not is_number(term)
         context = {
             "jobs_refresh": 0 if searching else self.refresh_seconds,
             "jobs_refresh_mode": "reload",
