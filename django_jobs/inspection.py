@@ -36,6 +36,11 @@ STATES = ("ready", "scheduled", "blocked", "running", "failed_last_hour", "finis
 STUCK_SAMPLE = 50
 # Keys per IN (...) list: well under every backend's limit on query parameters.
 KEY_CHUNK = 500
+# Keys with blocked jobs that a snapshot (and the stuck page) reads, in the grouped
+# query's LIMIT: a backlog of a million keys costs what 500 do. Past it they are counted,
+# up to COUNT_CAP, not read.
+KEYS_READ = KEY_CHUNK
+COUNT_CAP = 10_000
 
 
 @dataclass
@@ -84,6 +89,9 @@ class Snapshot:
     stuck: dict[str, list[int]]
     processes: list[ProcessInfo]
     progress: list[RunningProgress] = field(default_factory=list)
+    # How many keys have blocked jobs: ``blocked_keys`` holds the first KEYS_READ of them
+    # (by name); counted up to COUNT_CAP + 1, which means "more than COUNT_CAP".
+    blocked_key_count: int = 0
 
     def as_json(self) -> dict[str, Any]:
         def encode(value: Any) -> Any:
@@ -128,20 +136,24 @@ def queue_counts(db: str, now: datetime) -> dict[str, dict[str, int]]:
     return {queue: counts[queue] for queue in sorted(counts)}
 
 
-def blocked_keys(db: str, now: datetime, keys: list[str] | None = None) -> list[BlockedKey]:
-    """Every key with blocked jobs (or only ``keys``): its limit, holders and waiters.
+def blocked_keys(
+    db: str, now: datetime, keys: list[str] | None = None, limit: int | None = None
+) -> list[BlockedKey]:
+    """The keys with blocked jobs (only ``keys``, or the first ``limit`` by name): each
+    one's limit, holders and waiters.
 
-    A fixed number of grouped queries per chunk of keys, not a few per key: the
-    stuck page asks this for every blocked key there is.
+    A fixed number of grouped queries per chunk of keys, not a few per key; ``limit`` is
+    the grouped query's LIMIT, read in the key index's order.
     """
     rows = BlockedExecution.objects.using(db)
     if keys is not None:
         rows = rows.filter(concurrency_key__in=keys)
-    groups = list(
+    grouped = (
         rows.values("concurrency_key")
         .annotate(n=Count("pk"), oldest=Min("created_at"))
         .order_by("concurrency_key")
     )
+    groups = list(grouped if limit is None else grouped[:limit])
     result = []
     for start in range(0, len(groups), KEY_CHUNK):
         chunk = groups[start : start + KEY_CHUNK]
@@ -178,6 +190,20 @@ def blocked_keys(db: str, now: datetime, keys: list[str] | None = None) -> list[
     return result
 
 
+def blocked_key_count(db: str, cap: int = COUNT_CAP) -> int:
+    """How many keys have blocked jobs, counted up to ``cap + 1`` (a ``LIMIT`` in the
+    subquery): past the cap the answer is "more than ``cap``"."""
+    keys = BlockedExecution.objects.using(db).values("concurrency_key").distinct()
+    return keys.order_by()[: cap + 1].count()
+
+
+def first_blocked_keys(db: str, now: datetime) -> tuple[list[BlockedKey], int]:
+    """The first ``KEYS_READ`` keys with blocked jobs (by name), and how many there are
+    (counted only when there are more, up to ``COUNT_CAP + 1``)."""
+    keys = blocked_keys(db, now, limit=KEYS_READ)
+    return keys, blocked_key_count(db) if len(keys) >= KEYS_READ else len(keys)
+
+
 def count_by_key(rows) -> dict[str, int]:
     grouped = rows.values_list("concurrency_key").annotate(n=Count("pk"))
     return dict(grouped.values_list("concurrency_key", "n"))
@@ -208,7 +234,10 @@ def processes(db: str, now: datetime, conf: JobsSettings) -> list[ProcessInfo]:
 def stuck_jobs(
     db: str, now: datetime, conf: JobsSettings, live: list[ProcessInfo], keys: list[BlockedKey]
 ) -> dict[str, list[int]]:
-    """Job ids (at most ``STUCK_SAMPLE`` of each kind) for every way a job can be stuck."""
+    """Job ids (at most ``STUCK_SAMPLE`` of each kind) for every way a job can be stuck.
+
+    Jobs blocked behind a free slot are looked for among ``keys`` only (a snapshot's
+    first KEYS_READ)."""
     alive_ids = [p.id for p in live if p.alive]
     dead_claims = (
         ClaimedExecution.objects.using(db)
@@ -336,7 +365,7 @@ def snapshot(conf: JobsSettings | None = None) -> Snapshot:
     conf = conf or JobsSettings.load()
     db = conf.database
     now = timezone.now()
-    keys = blocked_keys(db, now)
+    keys, key_count = first_blocked_keys(db, now)
     procs = processes(db, now, conf)
     return Snapshot(
         taken_at=now,
@@ -346,6 +375,7 @@ def snapshot(conf: JobsSettings | None = None) -> Snapshot:
         stuck=stuck_jobs(db, now, conf, procs, keys),
         processes=procs,
         progress=running_progress(db),
+        blocked_key_count=key_count,
     )
 
 

@@ -24,6 +24,7 @@ from django_jobs.claims import claim_jobs, start_job
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
+    FailedExecution,
     Job,
     JobStatus,
     Pause,
@@ -740,3 +741,98 @@ def test_the_job_list_shows_a_running_jobs_progress_in_its_state(admin_client):
     assert '<span class="jobs-progress" title="12 done (reported ' in html
     assert ">12 done</span>" in html
     assert half.status == JobStatus.RUNNING
+
+
+def plant_blocked_keys(n: int, prefix: str) -> None:
+    """``n`` keys with one blocked job each, in two bulk inserts."""
+    Job.objects.bulk_create(
+        Job(
+            task_path="tests.tasks.add",
+            queue_name="default",
+            status=JobStatus.BLOCKED,
+            concurrency_key=f"{prefix}{i:05}",
+            concurrency_limit=1,
+        )
+        for i in range(n)
+    )
+    jobs = Job.objects.filter(concurrency_key__startswith=prefix)
+    BlockedExecution.objects.bulk_create(
+        BlockedExecution(job_id=pk, queue_name="default", concurrency_key=key)
+        for pk, key in jobs.values_list("pk", "concurrency_key")
+    )
+
+
+def test_a_job_page_shows_its_last_failures_and_how_many_in_all(admin_client):
+    """A job may fail a million times: its page reads the last 20 failures (a LIMIT in
+    the query) and says how many there are."""
+    job = FinishedJobFactory(status=JobStatus.FAILED, attempts=200, max_attempts=200)
+    FailedExecution.objects.bulk_create(
+        FailedExecution(
+            job=job, attempt=n, exception_class_path="builtins.ValueError", message=f"fail {n}!"
+        )
+        for n in range(1, 201)
+    )
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(job_url(job.pk))
+    assert [failure.attempt for failure in response.context["attempts"]] == [*range(181, 201)]
+    body = text(response)
+    assert "Errors (200)" in body and "The last 20 of 200 failed attempts." in body
+    assert "fail 181!" in body and "fail 200!" in body and "fail 180!" not in body
+    table = connection.ops.quote_name(FailedExecution._meta.db_table)
+    reads = [q["sql"] for q in queries if f"FROM {table}" in q["sql"]]
+    assert reads and all("LIMIT" in sql for sql in reads), reads
+
+
+def test_a_job_page_cuts_long_texts_and_says_how_long_they_are(admin_client):
+    """Arguments and a return value of a MiB, a 64 KiB traceback, a long message and a
+    worker id per attempt: the page shows their start and end, and the total length."""
+    frames = "".join(f'  File "app.py", line {n}, in f\n    f()\n' for n in range(2000))
+    traceback = f"Traceback (most recent call last):\n{frames}RecursionError: the very end"
+    job = FinishedJobFactory(
+        args=["a" * 300_000],
+        kwargs={"k": "b" * 300_000},
+        return_value="c" * 300_000,
+        worker_ids=[f"worker-{n}" for n in range(5000)],
+    )
+    FailedExecutionFactory(job=job, message="m" * 10_000, traceback=traceback)
+    response = admin_client.get(job_url(job.pk))
+    html = response.content.decode()
+    assert len(html) < 120_000
+    assert html.count("characters not shown") == 5  # args, kwargs, return, message, traceback
+    assert "300,004 characters not shown" not in html  # the start and the end are shown
+    assert f"of {len(traceback):,} characters not shown" in html
+    assert "RecursionError: the very end" in html and "Traceback (most recent" in html
+    assert "4990 earlier, then worker-4990, " in text(response)
+    assert "worker-4989" not in html
+
+
+def test_the_stuck_page_reads_a_bounded_number_of_blocked_keys(admin_client):
+    """It looks for jobs blocked behind a free slot among the first keys only (a LIMIT in
+    the grouped query), and says how many keys it left out."""
+    from django_jobs import inspection
+    from django_jobs.admin import stuck
+
+    plant_blocked_keys(inspection.KEYS_READ + 100, prefix="k")
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(page("stuckjob"))
+    table = connection.ops.quote_name(BlockedExecution._meta.db_table)
+    # The keys' grouped query (with each one's oldest blocked job), not the per-queue count.
+    grouped = [q["sql"] for q in queries if f"FROM {table}" in q["sql"] and "MIN(" in q["sql"]]
+    assert grouped and all(f"LIMIT {inspection.KEYS_READ}" in sql for sql in grouped), grouped
+    note = f"Only the first {inspection.KEYS_READ} of {inspection.KEYS_READ + 100} keys"
+    assert note in text(response)
+    # The count stops past its cap too.
+    note = stuck.keys_note(inspection.KEYS_READ, inspection.COUNT_CAP + 1)
+    assert f"of more than {inspection.COUNT_CAP:,} keys" in note
+
+
+def test_the_job_list_reads_no_arguments_or_return_values(admin_client):
+    """50 rows of 1 MiB arguments and results each: the list shows neither."""
+    FinishedJobFactory.create_batch(3, args=["a" * 1000], return_value="r" * 1000)
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(page("job"))
+    assert len(response.context["cl"].result_list) == 3
+    qn = connection.ops.quote_name
+    for column in ("args", "kwargs", "return_value", "worker_ids"):
+        read = f"{qn(Job._meta.db_table)}.{qn(column)}"
+        assert not [q["sql"] for q in queries if read in q["sql"]], column

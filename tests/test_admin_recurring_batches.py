@@ -291,6 +291,21 @@ def test_batch_page_queries_do_not_grow_with_its_items(admin_client, django_asse
         assert not ("COUNT(" in sql.upper() and "django_jobs_job" in sql), sql
 
 
+def test_batch_page_reads_the_start_of_each_items_arguments(admin_client):
+    """An item's arguments may take 1 MiB of JSON: the page reads their start only."""
+    made = enqueue_batch([(bt.item, ["x" * 200_000], {}), (bt.item, [1], {})])
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(url("batch_change", made.id))
+    big, small = response.context["items"]
+    assert len(big.args_start) == batches_admin.ARGS_READ
+    assert big.args_start.startswith('["xxx') and small.args_start == "[1]"
+    assert "<code>[1]</code>" in response.content.decode()
+    # Not read whole: its start is cut in the query.
+    assert "args" in big.get_deferred_fields()
+    (read,) = [q["sql"] for q in queries if "args" in q["sql"] and "batch_id" in q["sql"]]
+    assert f", {batches_admin.ARGS_READ})" in read, read
+
+
 def test_job_page_shows_its_batch_and_unique_key(admin_client):
     made = enqueue_batch(items(1))
     item = int(made.results[0].id)

@@ -151,3 +151,69 @@ def test_running_jobs_with_progress_in_text_and_json():
     (scan,) = [line for line in lines if "app.tasks.scan" in line]
     assert "7.5 done" in scan
     assert not [line for line in lines if "silent" in line]
+
+
+def test_values_from_the_database_are_printed_escaped_one_line_each():
+    """A key, a queue, a task path or a progress message holding a newline or an ANSI
+    escape cannot forge a line of the report or recolour the operator's terminal."""
+    key = "acct\n\x1b[31mred"
+    SemaphoreFactory(key=key, limit=1, value=0)
+    BlockedExecutionFactory(job__concurrency_key=key, concurrency_key=key)
+    ClaimedExecutionFactory(
+        job=JobFactory(
+            status=JobStatus.RUNNING,
+            queue_name="q\x1b[0m",
+            task_path="app.tasks.\x1b]0;pwned\x07export",
+            progress_done=1,
+            progress_total=2,
+            progress_message="first line\nERROR forged\x1b[2J",
+            progress_at=timezone.now(),
+        ),
+        queue_name="q\x1b[0m",
+        process=ProcessFactory(hostname="box\r\nforged"),
+    )
+    text = report()
+    assert not {"\x1b", "\x07", "\r"} & set(text)
+    for shown in (
+        "acct\\n\\x1b[31mred",
+        "q\\x1b[0m",
+        "app.tasks.\\x1b]0;pwned\\x07export",
+        "first line\\nERROR forged\\x1b[2J",
+        "box\\r\\nforged",
+    ):
+        assert len([line for line in text.splitlines() if shown in line]) == 1, shown
+    assert not [line for line in text.splitlines() if line.startswith(("red", "ERROR", "forged"))]
+
+
+def test_the_blocked_keys_read_are_capped_and_the_rest_counted():
+    """The grouped query over blocked jobs has a LIMIT; the report says how many keys
+    there are beyond it."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_jobs import inspection
+    from django_jobs.models import BlockedExecution, Job
+
+    keys = [f"k{i:05}" for i in range(inspection.KEYS_READ + 20)]
+    Job.objects.bulk_create(
+        Job(
+            task_path="tests.tasks.add",
+            queue_name="default",
+            status=JobStatus.BLOCKED,
+            concurrency_key=key,
+        )
+        for key in keys
+    )
+    BlockedExecution.objects.bulk_create(
+        BlockedExecution(job_id=pk, queue_name="default", concurrency_key=key)
+        for pk, key in Job.objects.values_list("pk", "concurrency_key")
+    )
+    with CaptureQueriesContext(connection) as queries:
+        data = json.loads(report("--json"))
+    assert [key["key"] for key in data["blocked_keys"]] == keys[: inspection.KEYS_READ]
+    assert data["blocked_key_count"] == len(keys)
+    table = connection.ops.quote_name(BlockedExecution._meta.db_table)
+    # The keys' grouped query (with each one's oldest blocked job), not the per-queue count.
+    grouped = [q["sql"] for q in queries if f"FROM {table}" in q["sql"] and "MIN(" in q["sql"]]
+    assert grouped and all(f"LIMIT {inspection.KEYS_READ}" in sql for sql in grouped), grouped
+    assert f"the first {inspection.KEYS_READ} of {len(keys)} keys (by name)" in report()

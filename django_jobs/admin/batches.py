@@ -11,7 +11,8 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin import ShowFacets
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
+from django.db.models.functions import Cast, Left
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -31,7 +32,10 @@ from .base import (
 
 ITEMS_SHOWN = 50
 CHILDREN_SHOWN = 50
-ITEM_FIELDS = ("id", "task_path", "status", "attempts", "max_attempts", "args", "finished_at")
+ITEM_FIELDS = ("id", "task_path", "status", "attempts", "max_attempts", "finished_at")
+# Characters of an item's arguments (as JSON) read: the page shows their start, and each
+# item's may take 1 MiB.
+ARGS_READ = 100
 
 
 def jobs_db() -> str:
@@ -144,7 +148,8 @@ class BatchAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
             Job.objects.using(db)
             .filter(batch_id=batch.pk)
             .order_by("pk")
-            .only(*ITEM_FIELDS)[: ITEMS_SHOWN + 1]
+            .only(*ITEM_FIELDS)
+            .annotate(args_start=Left(Cast("args", TextField()), ARGS_READ))[: ITEMS_SHOWN + 1]
         )
         callback_ids = {int(i) for i in batch.callback_jobs.values() if i is not None}
         linked = {*callback_ids, *([batch.parent_job_id] if batch.parent_job_id else [])}

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import ShowFacets
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import BadRequest
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -27,6 +28,7 @@ from ..models import (
     FINISHED_STATUSES,
     BlockedExecution,
     ClaimedExecution,
+    FailedExecution,
     Job,
     JobStatus,
     ReadyExecution,
@@ -51,6 +53,17 @@ from .filters import (
     TaskFilter,
 )
 
+# What a job's page shows of what is unbounded: a job may fail a million times, and each
+# failure keeps a 2,000-character message and a 64 KiB traceback; its arguments and its
+# return value may take 1 MiB of JSON each; it keeps the id of the worker of each attempt.
+FAILURES_SHOWN = 20
+WORKERS_SHOWN = 10
+JSON_SHOWN = 20_000  # characters of each of args, kwargs and the return value
+MESSAGE_SHOWN = 2_000
+TRACEBACK_SHOWN = 10_000
+# The columns the list never shows, left unread: 50 rows of them could weigh 150 MiB.
+LIST_DEFERRED = ("args", "kwargs", "return_value", "worker_ids", "backoff", "trace_context")
+
 # What each state allows (the operations re-check under their locks).
 RETRYABLE = {JobStatus.FAILED}
 DISCARDABLE = {JobStatus.READY, JobStatus.SCHEDULED, JobStatus.BLOCKED, JobStatus.FAILED}
@@ -65,6 +78,33 @@ CANCELLABLE = {
 
 def jobs_db() -> str:
     return JobsSettings.load().database
+
+
+def shortened(text: str, limit: int) -> str:
+    """``text`` whole, or its start and its end (where a traceback names its error) with
+    how much of it is left out between them: a page stays usable whatever a job stored."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    cut = len(text) - 2 * half
+    return f"{text[:half]}\n[… {cut:,} of {len(text):,} characters not shown …]\n{text[-half:]}"
+
+
+def as_json(value: Any) -> str:
+    return shortened(json.dumps(value, indent=2, ensure_ascii=False), JSON_SHOWN)
+
+
+def recent_failures(job: Job) -> tuple[list[FailedExecution], int]:
+    """The job's last ``FAILURES_SHOWN`` failed attempts, oldest first, and how many it
+    has in all (counted up to the list's cap, past which the page says "more than")."""
+    failures = job.failures.using(jobs_db())
+    shown = list(failures.order_by("-attempt", "-pk")[:FAILURES_SHOWN])[::-1]
+    for failure in shown:
+        failure.message = shortened(failure.message, MESSAGE_SHOWN)
+        failure.traceback = shortened(failure.traceback, TRACEBACK_SHOWN)
+    if len(shown) < FAILURES_SHOWN:
+        return shown, len(shown)
+    return shown, failures[: pagination.COUNT_CAP + 1].count()
 
 
 def is_number(term: str) -> bool:
@@ -159,6 +199,13 @@ def current_execution(job: Job) -> dict[str, Any] | None:
     return None
 
 
+class JobChangeList(ChangeList):
+    """The job list, without the columns it does not show (``LIST_DEFERRED``)."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        return super().get_queryset(request, exclude_parameters).defer(*LIST_DEFERRED)
+
+
 @admin.register(Job)
 class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
     list_display = (
@@ -195,6 +242,9 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).using(jobs_db())
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobChangeList
 
     # --- list columns -----------------------------------------------------------------
 
@@ -269,6 +319,8 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
         job = self.object_to_show(request, object_id, "use the job's action buttons")
         can_act = self.has_act_permission(request, job)
         progress = job_progress(job)
+        failures, failure_count = recent_failures(job)
+        workers = job.worker_ids if isinstance(job.worker_ids, list) else []
         context = {
             **page_context(
                 self,
@@ -281,10 +333,15 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
             ),
             "now": timezone.now(),
             "job": job,
-            "args_json": json.dumps(job.args, indent=2, ensure_ascii=False),
-            "kwargs_json": json.dumps(job.kwargs, indent=2, ensure_ascii=False),
-            "return_json": json.dumps(job.return_value, indent=2, ensure_ascii=False),
-            "attempts": job.failures.using(jobs_db()).order_by("attempt", "pk"),
+            "args_json": as_json(job.args),
+            "kwargs_json": as_json(job.kwargs),
+            "return_json": as_json(job.return_value),
+            "attempts": failures,
+            "failure_count": failure_count,
+            "failures_capped": failure_count > pagination.COUNT_CAP,
+            "count_cap": pagination.COUNT_CAP,
+            "workers": workers[-WORKERS_SHOWN:],
+            "earlier_workers": max(0, len(workers) - WORKERS_SHOWN),
             "execution": current_execution(job),
             "no_execution": no_execution(job),
             "can_retry": can_act and job.status in RETRYABLE,

@@ -42,6 +42,23 @@ KINDS = {
 }
 
 
+FREE_SLOT = "blocked_behind_free_slot"
+SHOWN_FIELDS = ("id", "task_path", "queue_name", "status", "concurrency_key", "enqueued_at")
+
+
+def keys_note(read: int, count: int) -> str:
+    """Which keys the free-slot check covered, when not all: only the first keys with
+    blocked jobs are read (``inspection.KEYS_READ``), whatever the backlog."""
+    if count <= read:
+        return ""
+    cap = inspection.COUNT_CAP
+    total = f"more than {cap:,}" if count > cap else f"{count:,}"
+    return (
+        f"Only the first {read:,} of {total} keys with blocked jobs (by name) were checked; "
+        "the blocked page lists every key."
+    )
+
+
 def dispatcher_status(dispatchers: list[ProcessRow]) -> str:
     """Whether a dispatcher is alive: two kinds of stuck job wait for one."""
     if not dispatchers:
@@ -78,10 +95,11 @@ class StuckJobAdmin(PageAdmin):
         db = conf.database
         now = timezone.now()
         procs = inspection.processes(db, now, conf)
-        keys = inspection.blocked_keys(db, now)
+        keys, key_count = inspection.first_blocked_keys(db, now)
         stuck = inspection.stuck_jobs(db, now, conf, procs, keys)
         ids = {job_id for found in stuck.values() for job_id in found}
-        jobs = Job.objects.using(db).in_bulk(ids)
+        # The columns shown, not a job's arguments or return value (a MiB each at most).
+        jobs = Job.objects.using(db).only(*SHOWN_FIELDS).in_bulk(ids)
         for job in jobs.values():
             job.key_html = key_html(job.concurrency_key, job.task_path)
         # A dispatcher is a process of that kind, or a single-process worker (whose
@@ -98,6 +116,7 @@ class StuckJobAdmin(PageAdmin):
                     "title": title,
                     "help": help_text,
                     "status": kind_status(name, bool(dispatchers)),
+                    "note": keys_note(len(keys), key_count) if name == FREE_SLOT else "",
                     "count": len(stuck[name]),
                     "capped": len(stuck[name]) >= inspection.STUCK_SAMPLE,
                     "jobs": [jobs[i] for i in stuck[name] if i in jobs],

@@ -1,4 +1,9 @@
-"""``manage.py jobs``: the state of the queues in a terminal, or as JSON for scripts."""
+"""``manage.py jobs``: the state of the queues in a terminal, or as JSON for scripts.
+
+Every value a job or a process brought (a queue, a key, a task path, a host, a progress
+message) is printed through ``printable``: a newline in it cannot forge a line of the
+report, nor an escape sequence rewrite the operator's terminal.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_jobs.inspection import STATES, Snapshot, snapshot
+from django_jobs.inspection import COUNT_CAP, STATES, Snapshot, snapshot
 from django_jobs.job_progress import summary
+from django_jobs.text import printable
 
 
 class Command(BaseCommand):
@@ -32,14 +38,17 @@ class Command(BaseCommand):
         out(self.style.MIGRATE_HEADING(f"Queues (at {state.taken_at:%Y-%m-%d %H:%M:%S %Z})"))
         header = ["queue", *STATES]
         rows = [
-            [queue + (" (paused)" if queue in state.paused else ""), *map(str, counts.values())]
+            [
+                printable(queue) + (" (paused)" if queue in state.paused else ""),
+                *map(str, counts.values()),
+            ]
             for queue, counts in state.queues.items()
         ]
         out(table(header, rows) if rows else "  no jobs")
         out(self.style.MIGRATE_HEADING("Blocked concurrency keys"))
         key_rows = [
             [
-                key.key,
+                printable(key.key),
                 str(key.limit),
                 str(key.holders),
                 str(key.blocked),
@@ -52,6 +61,13 @@ class Command(BaseCommand):
             if key_rows
             else "  none"
         )
+        total = state.blocked_key_count
+        if total > len(key_rows):
+            in_all = f"more than {COUNT_CAP:,}" if total > COUNT_CAP else f"{total:,}"
+            out(
+                f"  ... the first {len(key_rows):,} of {in_all} keys (by name); the admin's "
+                "blocked page lists every key"
+            )
         out(self.style.MIGRATE_HEADING("Stuck jobs"))
         for kind, job_ids in state.stuck.items():
             label = kind.replace("_", " ")
@@ -61,8 +77,8 @@ class Command(BaseCommand):
         out(self.style.MIGRATE_HEADING("Processes"))
         proc_rows = [
             [
-                p.kind,
-                p.hostname,
+                printable(p.kind),
+                printable(p.hostname),
                 str(p.pid),
                 f"{p.last_heartbeat_at:%H:%M:%S}",
                 "alive" if p.alive else "DEAD",
@@ -79,10 +95,10 @@ class Command(BaseCommand):
         progress_rows = [
             [
                 str(p.job_id),
-                p.task_path,
+                printable(p.task_path),
                 summary(p.done, p.total),
                 f"{p.updated_at:%H:%M:%S}",
-                p.message,
+                printable(p.message),
             ]
             for p in state.progress
         ]
