@@ -45,7 +45,7 @@ MAX_ID = 2**63 - 1
 def as_id(text: str) -> int | None:
     """``text`` as a row's id, or None if no row can have it. ``str.isdigit`` alone is True
     for "²" (which ``int`` refuses) and "٣" (which it reads as 3); 20 digits and more are
-    past ``MAX_ID`` (and ``int`` refuses 4,300)."""
+    past ``MAX_ID`` (and ``int`` refuses more than 4,300 of them)."""
     if len(text) > len(str(MAX_ID)) or not (text.isascii() and text.isdigit()):
         return None
     number = int(text)
