@@ -7,6 +7,8 @@ The real-process side (workers that survive generated hostile jobs) is in
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import DataError, connection
 from django.tasks.exceptions import InvalidTask
@@ -197,3 +199,31 @@ def test_the_log_filter_escapes_a_lines_values_and_its_exception():
     EscapeControlCharacters().filter(record)
     assert record.getMessage() == "job failed: boom\\nFORGED line \\x1b[2J (3)"
     assert "\x1b" not in record.exc_text and "\\x1b[2J" in record.exc_text
+
+
+# --- the admin reads rows as data --------------------------------------------------------
+
+
+def test_the_rate_limited_page_reads_a_hand_edited_row_without_raising(admin_client):
+    """A period of 1e300 overflowed ``timedelta`` and ``fromtimestamp``; starts that are
+    no numbers raised ``TypeError``. The page shows what it can, bounded."""
+    from django.urls import reverse
+
+    from django_jobs.admin.rate_limited import key_state
+    from django_jobs.limits import MAX_SECONDS
+    from django_jobs.models import RateLimit
+
+    now = timezone.now()
+    RateLimit.objects.create(
+        key="hand-edited",
+        limit=1,
+        period=1e300,
+        starts=["soon", None, [1], now.timestamp() - 5, 1e308],
+        planned=[{"x": 1}, 1e308],
+    )
+    state = key_state(RateLimit.objects.get(key="hand-edited"), now)
+    assert (state["in_window"], state["full"]) == (1, True)
+    assert state["rate"] == f"1 per {timedelta(seconds=MAX_SECONDS)}"
+    assert state["next_opening"].year > now.year
+    response = admin_client.get(reverse("admin:django_jobs_ratelimitedkey_changelist"))
+    assert response.status_code == 200

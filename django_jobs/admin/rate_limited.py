@@ -3,6 +3,7 @@ opens, and which jobs wait for it."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,29 +14,44 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from ..conf import JobsSettings
+from ..limits import bounded_seconds, is_number, later
 from ..models import Job, JobStatus, RateLimit, RateLimitedKey
 from .base import REFRESH_SECONDS, PageAdmin
 
 KEYS_PER_PAGE = 25
+EPOCH = datetime.fromtimestamp(0, tz=UTC)
 WAITING_SHOWN = 10
 
 
 def key_state(row: RateLimit, now: datetime) -> dict[str, Any]:
-    """The window as of ``now``: its starts, and when the next start may be taken."""
+    """The window as of ``now``: its starts, and when the next start may be taken.
+
+    Read from the row as data that may be anything (a hand-edited period of 1e300, a
+    start that is no number): the page shows what it can, bounded, and never raises.
+    """
     clock = now.timestamp()
-    recent = sorted(t for t in row.starts or [] if t > clock - row.period)
+    period = bounded_seconds(row.period)
+    limit = row.limit if isinstance(row.limit, int) and row.limit > 0 else 1
+    recent = sorted(t for t in timestamps(row.starts) if t > clock - period)
     opening = now
-    if len(recent) >= row.limit:
-        opening = datetime.fromtimestamp(recent[len(recent) - row.limit] + row.period, tz=UTC)
-    planned = max(row.planned or [0.0])
+    if len(recent) >= limit:
+        opening = later(EPOCH, recent[len(recent) - limit] + period)
+    planned = max(timestamps(row.planned), default=0.0)
     return {
         "row": row,
-        "rate": f"{row.limit} per {timedelta(seconds=row.period)}",
+        "rate": f"{limit} per {timedelta(seconds=period)}",
         "in_window": len(recent),
-        "full": len(recent) >= row.limit,
+        "full": len(recent) >= limit,
         "next_opening": opening,
-        "planned_until": datetime.fromtimestamp(planned, tz=UTC) if planned > clock else None,
+        "planned_until": later(EPOCH, planned) if planned > clock else None,
     }
+
+
+def timestamps(values: Any) -> list[float]:
+    """The finite numbers of a row's JSON list of times; whatever else it holds, skipped."""
+    if not isinstance(values, list):
+        return []
+    return [float(v) for v in values if is_number(v) and math.isfinite(v) and abs(v) < 1e12]
 
 
 @admin.register(RateLimitedKey)
