@@ -464,6 +464,16 @@ class Soak:
             subprocess.run(
                 ["mysqladmin", "-uroot", "-h127.0.0.1", "shutdown"], check=True, capture_output=True
             )
+            # mysqladmin returns before the server has exited; started meanwhile,
+            # start-stop-daemon --oknodo would find it running and start nothing.
+            wait_until(
+                lambda: (
+                    subprocess.run(["pgrep", "-x", "mariadbd"], capture_output=True).returncode == 1
+                ),
+                60,
+                interval=0.2,
+                what="MariaDB to exit",
+            )
             subprocess.run(
                 [
                     "start-stop-daemon",
@@ -602,23 +612,27 @@ class Soak:
             now = time.monotonic()
             if now < next_at:
                 time.sleep(min(next_at - now, 0.05))
-                self.run_follow_ups()
+                self.outliving_restarts("follow-ups", self.run_follow_ups)
                 continue
             # Poisson arrivals; a slow action delays the next ones rather than bunching them.
             next_at = max(next_at, now - 1.0) + self.rng.expovariate(self.config.rate)
             kind = first.pop() if first else self.rng.choices(kinds, weights)[0]
+            self.outliving_restarts(kind, lambda kind=kind: (self.act(kind), self.run_follow_ups()))
+        self.outliving_restarts("follow-ups", lambda: self.run_follow_ups(everything=True))
+
+    def outliving_restarts(self, what: str, step: Any) -> None:
+        """Run one step of the driver's; a server restart (the only fault that reaches the
+        driver's own connection) costs that step, noted, and a fresh connection."""
+        try:
+            step()
+        except DatabaseError as exc:
+            self.enqueue_errors.append(f"{what}: {type(exc).__name__}: {exc}"[:200])
+            connection.close()
+            time.sleep(0.2)
             try:
-                self.act(kind)
-                self.run_follow_ups()
-            except DatabaseError as exc:  # only a server restart reaches the driver
-                self.enqueue_errors.append(f"{kind}: {type(exc).__name__}: {exc}"[:200])
+                self.protect_driver_connection()
+            except DatabaseError:
                 connection.close()
-                time.sleep(0.2)
-                try:
-                    self.protect_driver_connection()
-                except DatabaseError:
-                    connection.close()
-        self.run_follow_ups(everything=True)
 
     # --- stopping, draining
 
