@@ -124,7 +124,15 @@ from django_jobs.models import (  # noqa: E402
     Semaphore,
 )
 from django_jobs.runner.worker import unrecorded_bound  # noqa: E402
-from tests.harness import RunJobs, child_pids, pid_alive, wait_until  # noqa: E402
+from tests.harness import (  # noqa: E402
+    RunJobs,
+    child_pids,
+    create_server_database,
+    max_overlap,
+    most_in_any_period,
+    pid_alive,
+    wait_until,
+)
 
 PROCESS_DIED = "django_jobs.exceptions.ProcessDied"
 JOB_CANCELLED = "django_jobs.exceptions.JobCancelled"
@@ -1168,16 +1176,6 @@ def same_process(pid: int, began: int | None) -> bool:
     return began is not None and process_start(pid) == began and pid_alive(pid)
 
 
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    """Most intervals open at one instant (an end at t comes before a start at t)."""
-    points = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    running = peak = 0
-    for _, delta in points:
-        running += delta
-        peak = max(peak, running)
-    return peak
-
-
 def overlapping_pairs(runs: list[tuple[float, float, int]], same: bool = False) -> int:
     """Pairs of runs that overlap in time: of different jobs, or (``same``) of the
     same job (whose third field is then the attempt)."""
@@ -1190,18 +1188,6 @@ def overlapping_pairs(runs: list[tuple[float, float, int]], same: bool = False) 
             if same or other != who:
                 pairs += 1
     return pairs
-
-
-def most_in_any_period(times: list[float], period: float) -> int:
-    """The largest number of ``times`` inside one half-open interval of ``period``
-    (as tests/test_rate_limits.py counts)."""
-    times = sorted(times)
-    best, first = 0, 0
-    for last, t in enumerate(times):
-        while times[first] <= t - period:
-            first += 1
-        best = max(best, last - first + 1)
-    return best
 
 
 def windows_over_limit(times: list[float], limit: int, period: float) -> int:
@@ -1285,15 +1271,7 @@ def prepare_database() -> None:
     name = str(settings.DATABASES["default"]["NAME"])
     if SAFE_NAME_PART not in Path(name).name:
         raise SystemExit(f"refusing to empty database {name!r}: its name must contain 'soak'")
-    if connection.vendor == "postgresql":
-        with connection._nodb_cursor() as cursor:
-            cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
-            if cursor.fetchone() is None:
-                cursor.execute(f"CREATE DATABASE {connection.ops.quote_name(name)}")
-    elif connection.vendor == "mysql":
-        with connection._nodb_cursor() as cursor:
-            quoted = connection.ops.quote_name(name)
-            cursor.execute(f"CREATE DATABASE IF NOT EXISTS {quoted} CHARACTER SET utf8mb4")
+    create_server_database(name)
     call_command("migrate", verbosity=0)
     tables = [m._meta.db_table for m in apps.get_app_config("django_jobs").get_models()]
     statements = connection.ops.sql_flush(no_style(), tables, allow_cascade=True)

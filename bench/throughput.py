@@ -214,6 +214,7 @@ from django_jobs.models import (  # noqa: E402
 )
 from django_jobs.processes import register_process  # noqa: E402
 from django_jobs.queues import QueueSelector  # noqa: E402
+from tests.harness import create_server_database  # noqa: E402
 
 DB = "default"
 
@@ -243,16 +244,7 @@ def check_database_name() -> None:
 
 def create_database() -> None:
     """Create the server's database if it is missing (SQLite creates its file itself)."""
-    name = database_name()
-    if connection.vendor == "postgresql":
-        with connection._nodb_cursor() as cursor:
-            cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
-            if cursor.fetchone() is None:
-                cursor.execute(f"CREATE DATABASE {connection.ops.quote_name(name)}")
-    elif connection.vendor == "mysql":
-        with connection._nodb_cursor() as cursor:
-            quoted = connection.ops.quote_name(name)
-            cursor.execute(f"CREATE DATABASE IF NOT EXISTS {quoted} CHARACTER SET utf8mb4")
+    create_server_database(database_name())
 
 
 def app_tables(labels: tuple[str, ...] | None = None) -> list[str]:

@@ -212,3 +212,43 @@ def error_paths(result_or_id: Any) -> list[str]:
 def runs_of(log: Path) -> list[str]:
     """Labels a ``tests.tasks.record_run`` job appended to ``log``, one per run."""
     return log.read_text().split() if log.exists() else []
+
+
+# --- audits from the jobs' own records (tests, and bench/soak.py) ---------------------------
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """Most intervals open at one instant (an end at t comes before a start at t)."""
+    points = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    running = peak = 0
+    for _, delta in points:
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+def most_in_any_period(times: list[float], period: float) -> int:
+    """The largest number of ``times`` inside one half-open interval of ``period``."""
+    times = sorted(times)
+    best, first = 0, 0
+    for last, t in enumerate(times):
+        while times[first] <= t - period:
+            first += 1
+        best = max(best, last - first + 1)
+    return best
+
+
+def create_server_database(name: str) -> None:
+    """Create database ``name`` on the server ``connection`` talks to, if it is missing
+    (SQLite creates its file itself): bench/throughput.py's and bench/soak.py's own."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with connection._nodb_cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
+            if cursor.fetchone() is None:
+                cursor.execute(f"CREATE DATABASE {connection.ops.quote_name(name)}")
+    elif connection.vendor == "mysql":
+        with connection._nodb_cursor() as cursor:
+            quoted = connection.ops.quote_name(name)
+            cursor.execute(f"CREATE DATABASE IF NOT EXISTS {quoted} CHARACTER SET utf8mb4")

@@ -64,10 +64,9 @@ from tests.factories import (
     ProcessFactory,
     ScheduledExecutionFactory,
 )
-from tests.harness import job_row, wait_until
+from tests.harness import job_row, max_overlap, wait_until
 from tests.pgbouncer import PgBouncer, Upstream, binary, local_port, tcp_connections
 from tests.stress_tasks import audited
-from tests.test_stress import max_overlap
 
 # PostgreSQL's driver: installed in the PostgreSQL environments only, where these run.
 psycopg = pytest.importorskip("psycopg", reason="PgBouncer fronts PostgreSQL: no psycopg here")

@@ -32,7 +32,7 @@ from django_jobs.rates import Rate, parse_rate
 from django_jobs.scheduling import promote_due_jobs
 from testproject.demo.models import AuditEvent
 from tests import rate_tasks
-from tests.harness import wait_until
+from tests.harness import most_in_any_period, wait_until
 from tests.test_races import Paused, Runner, wait_for
 
 DB = "default"
@@ -107,17 +107,6 @@ def test_a_bad_named_rate_is_a_system_check_error_naming_it():
 
 def fresh_window() -> Window:
     return Window(RateLimit(key="k"))
-
-
-def most_in_any_period(times: list[float], period: float) -> int:
-    """The largest number of ``times`` inside one half-open interval of ``period``."""
-    times = sorted(times)
-    best, first = 0, 0
-    for last, t in enumerate(times):
-        while times[first] <= t - period:
-            first += 1
-        best = max(best, last - first + 1)
-    return best
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -31,21 +31,11 @@ from django_jobs.models import (
     Semaphore,
 )
 from testproject.demo.models import AuditEvent
-from tests.harness import wait_until
+from tests.harness import max_overlap, wait_until
 from tests.stress_tasks import audited
 
 KEYS = 12
 MAX_ATTEMPTS = 3
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    """Most intervals open at one instant (an end at t is before a start at t)."""
-    points = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    running = peak = 0
-    for _, delta in points:
-        running += delta
-        peak = max(peak, running)
-    return peak
 
 
 def plan_jobs(count: int, rng: random.Random) -> list[tuple[str, int, float, int]]:
