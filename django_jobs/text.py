@@ -11,6 +11,7 @@ invariant 10).
 from __future__ import annotations
 
 import logging
+import numbers
 import re
 
 # C0 and C1 control characters, DEL, and the Unicode line and paragraph separators some
@@ -92,7 +93,8 @@ class EscapeControlCharacters(logging.Filter):
 
     @staticmethod
     def clean(arg: object) -> object:
-        if isinstance(arg, int | float | bool) or arg is None:
+        # Numbers stay numbers, for the line's %d and %.3f.
+        if isinstance(arg, numbers.Number) or arg is None:
             return arg
         return printable(arg)
 
