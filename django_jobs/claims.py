@@ -28,6 +28,7 @@ from .admission import admit_jobs, hand_back_to_key, make_ready, release_slot, r
 from .backoff import retry_delay
 from .batches import count_failed, count_outcome, count_outcomes
 from .cancellation import record_cancelled
+from .conf import size_limit
 from .deletion import delete_executions
 from .limits import later
 from .models import (
@@ -44,7 +45,6 @@ from .models import (
 from .queues import QueueSelector
 from .rate_limits import ensure_rate_rows, lock_rate_limits, save_windows
 from .rates import Rate
-from .serialization import size_setting
 from .text import jobs_logger, safe_str, storable_text
 from .transactions import hot_transaction
 
@@ -765,7 +765,7 @@ def fail_claimed(
         worker_id=worker_id,
         exception_class_path=storable_text(error.exception_class_path, 255),
         message=storable_text(error.message, MAX_ERROR_MESSAGE),
-        traceback=storable_text(error.traceback, size_setting("max_error_size")),
+        traceback=storable_text(error.traceback, size_limit("max_error_size")),
         failed_at=now,
     )
     delete_claim(db, claim)

@@ -116,12 +116,26 @@ def jobs_settings(**overrides: Any) -> JobsSettings:
     return JobsSettings.load(**overrides)
 
 
-def database_alias() -> str:
-    """The jobs' database alone: read on every enqueue, so without building the rest."""
+def raw_setting(name: str) -> Any:
+    """One key of ``DJANGO_JOBS`` as written (None if absent), without building the rest:
+    the enqueue reads a few on every call. Not a dict: check E004 says so; until then,
+    nothing is read from it."""
     raw = getattr(settings, SETTINGS_NAME, None)
-    # Not a dict: check E004 says so; until then, the default alias.
-    database = raw.get("database") if isinstance(raw, Mapping) else None
-    return database or JobsSettings.database
+    return raw.get(name) if isinstance(raw, Mapping) else None
+
+
+def database_alias() -> str:
+    """The jobs' database alone."""
+    return raw_setting("database") or JobsSettings.database
+
+
+def size_limit(name: str) -> int:
+    """A size limit of ``DJANGO_JOBS`` (``max_arguments_size``...), or its default where
+    it is not a positive integer (check E024 says so)."""
+    value = raw_setting(name)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return getattr(JobsSettings, name)
 
 
 def did_you_mean(name: object, choices: Iterable[str]) -> str:

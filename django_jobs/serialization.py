@@ -16,17 +16,22 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from django.conf import settings
 from django.db import connections
 from django.utils.json import normalize_json
 
-from .conf import SETTINGS_NAME, JobsSettings
+from .conf import size_limit
 from .exceptions import InvalidTaskArguments, ResultNotStored
 
 # Levels of nesting a stored document may have. MariaDB's JSON_VALID refuses 32 and more;
 # elsewhere 100 keeps Python's own recursion (json, normalize_json) far from its limit.
 MARIADB_MAX_DEPTH = 31
 MAX_DEPTH = 100
+# What Python's own recursion (normalize_json, json.dumps) says of a value nested hundreds
+# of levels deep, or of one that contains itself: no walk of ours runs before it, so that
+# the common value costs nothing more.
+TOO_DEEP = f"is nested more than {MAX_DEPTH} levels deep"
+ARGUMENTS_SIZE = "max_arguments_size"
+RESULT_SIZE = "max_result_size"
 
 
 def max_depth(db: str | None) -> int:
@@ -39,16 +44,6 @@ def max_depth(db: str | None) -> int:
 def refuses_nul(db: str | None) -> bool:
     """PostgreSQL's ``jsonb`` refuses ``\\u0000``; the others store it."""
     return db is not None and connections[db].vendor == "postgresql"
-
-
-def size_setting(name: str) -> int:
-    """A size limit of ``DJANGO_JOBS``, read without building the whole settings object:
-    the enqueue reads it on every call."""
-    raw = getattr(settings, SETTINGS_NAME, None)
-    value = raw.get(name) if isinstance(raw, Mapping) else None
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return getattr(JobsSettings, name)
 
 
 def depth(value: Any) -> int:
@@ -102,16 +97,22 @@ def strings(value: Any) -> Iterator[str]:
             stack.extend(item)
 
 
-def storage_problem(text: str, value: Any, db: str | None, limit: int, base: int = 0) -> str | None:
+def storage_problem(
+    text: str, value: Any, db: str | None, setting: str, limit: int, base: int = 0
+) -> str | None:
     """Why the JSON ``text`` of ``value`` would not be stored through ``db``, or None.
 
+    ``setting``: the size limit's name in ``DJANGO_JOBS``, ``limit`` its value.
     ``base``: levels the column adds around ``value`` (the arguments' list). The
     nesting is only walked when the text has enough brackets to be too deep, so the
     common call costs two substring counts.
     """
     # json.dumps escapes every non-ASCII character: a character of the text is a byte.
     if len(text) > limit:
-        return f"takes {len(text):,} bytes of JSON, over the limit of {limit:,} bytes"
+        return (
+            f"takes {len(text):,} bytes of JSON, over the limit of {limit:,} bytes "
+            f"(DJANGO_JOBS[{setting!r}])"
+        )
     # A lone surrogate is no text: PostgreSQL refuses it, UTF-8 cannot encode it. Every
     # non-ASCII character is escaped as \\uXXXX, so only text with one of \\ud000-\\udfff
     # (Hangul too) is walked.
@@ -139,16 +140,17 @@ def json_arguments(
     can name the one at fault. Without ``db`` (a system check, before any
     database is chosen) only what every database refuses is checked.
     """
-    limit = size_setting("max_arguments_size")
+    limit = size_limit(ARGUMENTS_SIZE)
     try:
         normalized_args = normalize_json(list(args))
         normalized_kwargs = normalize_json(dict(kwargs))
         text = json.dumps([normalized_args, normalized_kwargs], allow_nan=False)
         if (
             json.loads(text) == [normalized_args, normalized_kwargs]
-            and storage_problem(text, normalized_args, db, limit) is None
+            and storage_problem(text, normalized_args, db, ARGUMENTS_SIZE, limit) is None
             and (
-                not normalized_kwargs or storage_problem(text, normalized_kwargs, db, limit) is None
+                not normalized_kwargs
+                or storage_problem(text, normalized_kwargs, db, ARGUMENTS_SIZE, limit) is None
             )
         ):
             return normalized_args, normalized_kwargs
@@ -169,36 +171,32 @@ def argument_error(
             return InvalidTaskArguments(f"Task keyword argument names must be strings: {name!r}")
     labelled = [(f"positional argument {index}", value) for index, value in enumerate(args)]
     labelled += [(f"keyword argument {name!r}", value) for name, value in kwargs.items()]
-    limit = limit or size_setting("max_arguments_size")
+    limit = limit or size_limit(ARGUMENTS_SIZE)
     for label, value in labelled:
         problem = json_problem(value, db, limit, base=1)
         if problem is not None:
             return InvalidTaskArguments(f"Task {label} {problem}")
     return InvalidTaskArguments(
         f"Task arguments take more than {limit:,} bytes of JSON in all "
-        f"(DJANGO_JOBS['max_arguments_size'])"
+        f"(DJANGO_JOBS[{ARGUMENTS_SIZE!r}])"
     )
 
 
 def json_problem(value: Any, db: str | None = None, limit: int = 0, base: int = 0) -> str | None:
     """Why ``value`` would not come back from JSON as it went in, or would not be stored
     through ``db`` (nested ``base`` levels deep in its column), or None if it would."""
-    found = depth(value)
-    if found > MAX_DEPTH:
-        return f"is nested more than {MAX_DEPTH} levels deep"
     try:
         normalized = normalize_json(value)
         text = json.dumps(normalized, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
+    except RecursionError:
+        return TOO_DEEP
+    except (TypeError, ValueError) as exc:
         return f"is not JSON serializable: {exc}"
     if json.loads(text) != normalized:
         return f"would change in JSON (dict keys must be strings): {text[:200]}"
-    problem = storage_problem(
-        text, normalized, db, limit or size_setting("max_arguments_size"), base
+    return storage_problem(
+        text, normalized, db, ARGUMENTS_SIZE, limit or size_limit(ARGUMENTS_SIZE), base
     )
-    if problem is not None and "over the limit" in problem:
-        problem += " (DJANGO_JOBS['max_arguments_size'])"
-    return problem
 
 
 def json_return_value(value: Any, db: str | None = None, limit: int | None = None) -> Any:
@@ -209,17 +207,15 @@ def json_return_value(value: Any, db: str | None = None, limit: int | None = Non
     value the database would refuse fails its own job, not the batch of every job
     that finished beside it.
     """
-    limit = limit or size_setting("max_result_size")
-    if depth(value) > MAX_DEPTH:
-        raise ResultNotStored(f"the return value is nested more than {MAX_DEPTH} levels deep")
+    limit = limit or size_limit(RESULT_SIZE)
     try:
         normalized = normalize_json(value)
         text = json.dumps(normalized, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise ResultNotStored(f"the return value {TOO_DEEP}") from None
+    except (TypeError, ValueError) as exc:
         raise ResultNotStored(f"the return value is not JSON serializable: {exc}") from None
-    problem = storage_problem(text, normalized, db, limit)
+    problem = storage_problem(text, normalized, db, RESULT_SIZE, limit)
     if problem is not None:
-        if "over the limit" in problem:
-            problem += " (DJANGO_JOBS['max_result_size'])"
         raise ResultNotStored(f"the return value {problem}")
     return normalized

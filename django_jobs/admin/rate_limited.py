@@ -3,7 +3,6 @@ opens, and which jobs wait for it."""
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,8 +13,10 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from ..conf import JobsSettings
-from ..limits import bounded_seconds, is_number, later
+from ..limits import MAX_SECONDS, later
 from ..models import Job, JobStatus, RateLimit, RateLimitedKey
+from ..rate_limits import times, usable_rate
+from ..rates import Rate
 from .base import REFRESH_SECONDS, PageAdmin
 
 KEYS_PER_PAGE = 25
@@ -26,32 +27,26 @@ WAITING_SHOWN = 10
 def key_state(row: RateLimit, now: datetime) -> dict[str, Any]:
     """The window as of ``now``: its starts, and when the next start may be taken.
 
-    Read from the row as data that may be anything (a hand-edited period of 1e300, a
-    start that is no number): the page shows what it can, bounded, and never raises.
+    Read from the row as the starts read it (``rate_limits``: its rate made usable,
+    only finite times, none past a century ahead), whatever a hand-edited row holds:
+    the page shows what it can, bounded, and never raises.
     """
     clock = now.timestamp()
-    period = bounded_seconds(row.period)
-    limit = row.limit if isinstance(row.limit, int) and row.limit > 0 else 1
-    recent = sorted(t for t in timestamps(row.starts) if t > clock - period)
+    rate = usable_rate(Rate(row.limit, row.period))
+    horizon = clock + MAX_SECONDS
+    recent = sorted(t for t in times(row.starts) if clock - rate.period < t <= horizon)
     opening = now
-    if len(recent) >= limit:
-        opening = later(EPOCH, recent[len(recent) - limit] + period)
-    planned = max(timestamps(row.planned), default=0.0)
+    if len(recent) >= rate.limit:
+        opening = later(EPOCH, recent[len(recent) - rate.limit] + rate.period)
+    planned = max((t for t in times(row.planned) if t <= horizon), default=0.0)
     return {
         "row": row,
-        "rate": f"{limit} per {timedelta(seconds=period)}",
+        "rate": f"{rate.limit} per {timedelta(seconds=rate.period)}",
         "in_window": len(recent),
-        "full": len(recent) >= limit,
+        "full": len(recent) >= rate.limit,
         "next_opening": opening,
         "planned_until": later(EPOCH, planned) if planned > clock else None,
     }
-
-
-def timestamps(values: Any) -> list[float]:
-    """The finite numbers of a row's JSON list of times; whatever else it holds, skipped."""
-    if not isinstance(values, list):
-        return []
-    return [float(v) for v in values if is_number(v) and math.isfinite(v) and abs(v) < 1e12]
 
 
 @admin.register(RateLimitedKey)

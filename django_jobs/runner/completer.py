@@ -29,11 +29,11 @@ from django.db import close_old_connections
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished
 
-from ..claims import ErrorInfo, fail_job, finish_jobs
+from ..claims import finish_jobs
 from ..exceptions import ResultNotStored
 from ..models import Job
 from ..text import clip, jobs_logger, safe_str
-from .context import ExecutionContext, describe, persist
+from .context import ExecutionContext, describe, error_info, fail_or_stop, persist
 from .db_retry import reset_connection
 
 logger = jobs_logger("django_jobs.worker")
@@ -140,20 +140,7 @@ def write_isolated(ctx: ExecutionContext, batch: list[Success]) -> None:
         f"{clip(safe_str(refused), 500)})"
     )
     logger.error("job %s: %s", success.job.pk, refusal)
-    error = ErrorInfo(
-        f"{ResultNotStored.__module__}.{ResultNotStored.__qualname__}", str(refusal), ""
-    )
-    try:
-        persist(
-            ctx,
-            f"failing job {success.job.pk}",
-            lambda: fail_job(
-                ctx.db, success.job.pk, ctx.process_id, error, worker_id=ctx.worker_id, retry=False
-            ),
-        )
-    except Exception:
-        logger.exception("job %s: its failure could not be recorded either", success.job.pk)
-        ctx.lifecycle.request_broken(f"the outcome of job {success.job.pk} could not be recorded")
+    fail_or_stop(ctx, success.job.pk, error_info(refusal, ctx.max_error_size), retry=False)
 
 
 def write_successes(ctx: ExecutionContext, batch: list[Success]) -> None:

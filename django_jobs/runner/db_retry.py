@@ -61,19 +61,17 @@ def loop_until_stopped(
         try:
             pause = step()
             backoff.reset()
-        except DB_ERRORS as exc:
-            reset_connection(db)
-            on_outage()
-            delay = backoff.next()
-            log.warning("database unavailable (%s); retrying in %.2fs", exc, delay)
-            lifecycle.sleep(delay)
-            continue
-        except Exception:
-            # A row no step foresaw (one job's data) or a bug of ours: the loop goes on,
-            # backing off, rather than leave the process heartbeating with no loop.
+        except Exception as exc:
+            # An outage, a row no step foresaw (one job's data) or a bug of ours: the
+            # loop goes on, backing off, rather than leave the process heartbeating with
+            # no loop.
             reset_connection(db)
             delay = backoff.next()
-            log.exception("this step failed; trying again in %.2fs", delay)
+            if isinstance(exc, DB_ERRORS):
+                on_outage()
+                log.warning("database unavailable (%s); retrying in %.2fs", exc, delay)
+            else:
+                log.exception("this step failed; trying again in %.2fs", delay)
             lifecycle.sleep(delay)
             continue
         lifecycle.sleep(pause)

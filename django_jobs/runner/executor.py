@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import traceback
 from collections.abc import Callable, Coroutine
 from inspect import iscoroutinefunction
 from typing import Any
@@ -16,17 +15,16 @@ from django.tasks.signals import task_finished, task_started
 
 from ..batches import current_job_id
 from ..claims import MAX_ERROR_MESSAGE, ErrorInfo, fail_job, release_job, snooze_job, start_jobs
-from ..conf import JobsSettings
 from ..exceptions import JobInterrupted, ResultNotStored, Snooze, TaskNotFound
 from ..job_progress import flush_progress
 from ..loading import load_task
 from ..models import Job, JobStatus
 from ..results import build_result
 from ..serialization import json_return_value
-from ..text import clip, jobs_logger, safe_str, storable_text
+from ..text import clip, jobs_logger, storable_text
 from ..tracing import traced_execution
 from .completer import Success, write_isolated
-from .context import ExecutionContext, describe, persist
+from .context import ExecutionContext, describe, error_info, fail_or_stop, persist
 from .db_retry import reset_connection
 from .watchdog import Control, current_control
 
@@ -34,21 +32,6 @@ logger = jobs_logger("django_jobs.worker")
 
 # Characters of an exception's message shown in a log line.
 MAX_LOGGED = 500
-
-
-def error_info(exc: BaseException, max_size: int = JobsSettings.max_error_size) -> ErrorInfo:
-    """The record of ``exc``, whatever it is: its ``__str__`` may raise, its message may
-    hold a NUL or a megabyte (``fail_claimed`` cuts and cleans what it writes)."""
-    kind = type(exc)
-    try:
-        trace = "".join(traceback.format_exception(exc))
-    except Exception as problem:
-        trace = f"(its traceback could not be formatted: {type(problem).__name__})"
-    return ErrorInfo(
-        exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-        message=storable_text(safe_str(exc), MAX_ERROR_MESSAGE),
-        traceback=storable_text(trace, max_size),
-    )
 
 
 def execute_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> None:
@@ -67,24 +50,10 @@ def execute_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> No
 
 
 def settle_after_error(job: Job, ctx: ExecutionContext, exc: Exception) -> None:
-    """Fail ``job`` after an error that stopped its outcome from being recorded.
-
-    If even that cannot be written, this process stops (``request_broken``): its
-    claims are then settled by recovery, which writes nothing of the job's own,
-    and a fresh process takes over. A worker that went on heartbeating would hold
-    this claim, and its key's slot, forever.
-    """
-    error = error_info(exc, ctx.max_error_size)
-    try:
-        reset_connection(ctx.db)  # whatever state the failed statement left it in
-        persist(
-            ctx,
-            f"failing job {job.pk}",
-            lambda: fail_job(ctx.db, job.pk, ctx.process_id, error, worker_id=ctx.worker_id),
-        )
-    except Exception:
-        logger.exception("job %s: its failure could not be recorded either", job.pk)
-        ctx.lifecycle.request_broken(f"the outcome of job {job.pk} could not be recorded")
+    """Fail ``job`` (retried while attempts remain) after an error that stopped its
+    outcome from being recorded, or stop this process (``fail_or_stop``)."""
+    reset_connection(ctx.db)  # whatever state the failed statement left it in
+    fail_or_stop(ctx, job.pk, error_info(exc, ctx.max_error_size), retry=True)
 
 
 def start_once(jobs: list[Job], ctx: ExecutionContext) -> Callable[[], list[Job]]:

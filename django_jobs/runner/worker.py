@@ -80,8 +80,6 @@ class Worker:
         self.ctx.watchdog = self.watchdog
         self.lock = threading.Lock()
         self.running: dict[int, Job] = {}
-        # Jobs of the claim being submitted that a thread has taken (claim_and_submit).
-        self.submitted: set[int] = set()
         self.pool = ThreadPoolExecutor(conf.threads, thread_name_prefix="django-jobs-worker")
         # Jobs still running when shutdown gave up on them (an immediate stop, a body
         # the interrupt did not end): their threads cannot be killed, so the process
@@ -137,26 +135,22 @@ class Worker:
                             self.release_orphaned_claims()
                         claimed = self.claim_and_submit(limit)
                         backoff.reset()
-                    except DB_ERRORS as exc:
-                        reset_connection(self.db)
-                        # The error may have hidden a committed claim.
-                        self.claims_in_doubt = True
-                        delay = backoff.next()
-                        logger.warning(
-                            "database unavailable while claiming (%s); retrying in %.2fs",
-                            exc,
-                            delay,
-                        )
-                        self.lifecycle.sleep(delay)
-                        continue
-                    except Exception:
-                        # A row no check foresaw, or a bug of ours: this loop is the
-                        # process's only claimer, so it goes on (backing off), and jobs
-                        # claimed before the error are handed back, not left to no thread.
+                    except Exception as exc:
+                        # An outage, a row no check foresaw, or a bug of ours: this loop is
+                        # the process's only claimer, so it goes on, backing off. The error
+                        # may have hidden a committed claim, or come after one: its jobs
+                        # are handed back before the next claim, not left to no thread.
                         reset_connection(self.db)
                         self.claims_in_doubt = True
                         delay = backoff.next()
-                        logger.exception("claiming failed; trying again in %.2fs", delay)
+                        if isinstance(exc, DB_ERRORS):
+                            logger.warning(
+                                "database unavailable while claiming (%s); retrying in %.2fs",
+                                exc,
+                                delay,
+                            )
+                        else:
+                            logger.exception("claiming failed; trying again in %.2fs", delay)
                         self.lifecycle.sleep(delay)
                         continue
                 if claimed and claimed == limit < idle:
@@ -224,22 +218,22 @@ class Worker:
         with self.lock:
             for job in jobs:
                 self.running[job.pk] = job
+        submitted: set[int] = set()
         try:
-            self.submit(jobs)
+            self.submit(jobs, submitted)
         except BaseException:
             # Jobs no thread took are not running: forgotten here, their claims are
             # handed back before the next claim (``claims_in_doubt``, set by the caller).
             with self.lock:
                 for job in jobs:
-                    if job.pk not in self.submitted:
+                    if job.pk not in submitted:
                         self.running.pop(job.pk, None)
             raise
-        finally:
-            self.submitted.clear()
         return len(jobs)
 
-    def submit(self, jobs: list[Job]) -> None:
-        """Start what the claim did not, and hand each job to a thread."""
+    def submit(self, jobs: list[Job], submitted: set[int]) -> None:
+        """Start what the claim did not, and hand each job to a thread (its id then goes
+        into ``submitted``)."""
         runnable = [] if self.lifecycle.stopping.is_set() else [j for j in jobs if importable(j)]
         started = {job.pk for job in runnable if job.status == JobStatus.RUNNING}
         startable = [job for job in runnable if job.status == JobStatus.CLAIMED]
@@ -262,7 +256,7 @@ class Worker:
                     self.running.pop(job.pk, None)
                 continue
             self.pool.submit(self.run_one, job, job.pk in started)
-            self.submitted.add(job.pk)
+            submitted.add(job.pk)
 
     def run_one(self, job: Job, started: bool) -> None:
         try:
