@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from tests.harness import RunJobs, database_url
+
+# Every property test of the suite: no deadline (an example is a page load or a job through
+# a real worker on a real database, as slow as the machine is), no example database (a
+# shared checkout, and CI starts from a clean one), and function-scoped fixtures shared by
+# the examples of one test on purpose (the rows, the live worker). Each test sets its own
+# max_examples.
+hypothesis_settings.register_profile(
+    "django_jobs",
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+hypothesis_settings.load_profile("django_jobs")
 
 
 @pytest.fixture(autouse=True)

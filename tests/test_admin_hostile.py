@@ -18,7 +18,7 @@ from django.db import transaction
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from django_jobs.models import Batch, JobStatus, RateLimit
@@ -32,14 +32,9 @@ from tests.factories import (
 
 pytestmark = pytest.mark.django_db
 
-# No deadline (a page load is a few queries on a real database), no example database (a
-# shared checkout); the rows are planted once per test, and GET requests leave them as is.
-PROPERTY = settings(
-    max_examples=60,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+# The rows are planted once per test, and GET requests leave them as is (the suite's
+# Hypothesis profile, tests/conftest.py, sets the rest).
+PROPERTY = settings(max_examples=60)
 ANSWERS = {200, 302, 400, 404}
 MAX_ID = 2**63 - 1
 

@@ -37,7 +37,7 @@ from tests import rate_tasks
 HERE = __name__  # tests.test_bounded_options, as a job row names it
 CENTURY = timedelta(seconds=MAX_SECONDS)
 # No example database: the checkout is shared by concurrent runs.
-PROPERTY = settings(max_examples=300, deadline=None, database=None)
+PROPERTY = settings(max_examples=300)
 
 # Calls of the backoff functions below, by name: a row must never make one run.
 calls: list[tuple[str, int]] = []

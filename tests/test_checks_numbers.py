@@ -140,7 +140,7 @@ any_value = st.one_of(
 
 
 @given(name=st.sampled_from(sorted(DOCUMENTED)), value=any_value)
-@settings(max_examples=500, deadline=None, database=None)
+@settings(max_examples=500)
 def test_what_the_checks_accept_is_a_finite_number_in_the_documented_range(name, value):
     errors = errors_for(name, value)
     if errors:

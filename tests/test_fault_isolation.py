@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.utils import timezone
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from django_jobs.models import (
@@ -41,14 +41,9 @@ TERMINAL = {JobStatus.SUCCEEDED, JobStatus.FAILED}
 # What a worker's output shows when a thread of it died or it gave up on itself.
 DEAD_THREAD_SIGNS = ("Exception in thread", "cannot go on", "the completer stopped")
 
-# Hypothesis: a handful of examples per run, each a few jobs through one live worker;
-# no deadline (a real process answers), no example database (a shared checkout).
-PROPERTY = settings(
-    max_examples=8,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+# A handful of examples per run, each a few jobs through one live worker (the suite's
+# Hypothesis profile, tests/conftest.py, sets the rest).
+PROPERTY = settings(max_examples=8)
 
 
 @pytest.fixture

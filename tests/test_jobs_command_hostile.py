@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.utils import timezone
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from django_jobs.models import JobStatus
@@ -24,12 +24,7 @@ from tests.factories import (
 
 pytestmark = pytest.mark.django_db
 
-PROPERTY = settings(
-    max_examples=40,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+PROPERTY = settings(max_examples=40)
 
 
 def stored_text(max_size: int) -> st.SearchStrategy[str]:
