@@ -21,6 +21,7 @@ from .models import Batch, FailedExecution, Job, JobStatus, ScheduledExecution
 from .pg_insert import CHUNK_SIZE, can_insert_in_one_statement, insert_ready_jobs
 from .results import build_result
 from .serialization import json_arguments
+from .text import safe_repr
 from .tracing import record_enqueue
 from .transactions import hot_transaction
 from .uniqueness import insert_unique, retry_after, unique_in_key_order
@@ -159,7 +160,9 @@ class JobsBackend(BaseTaskBackend):
         options across the calls of one bulk enqueue (the calls hold the tasks alive,
         so ``id()`` is stable)."""
         if not isinstance(task, Task):
-            raise InvalidTask(f"{task!r:.80} is not a task (a function decorated with @task)")
+            raise InvalidTask(
+                f"{safe_repr(task, 80)} is not a task (a function decorated with @task)"
+            )
         options = None if checked is None else checked.get(id(task))
         if options is None:
             self.validate_task(task)

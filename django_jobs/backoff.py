@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .limits import MAX_SECONDS, check_seconds, is_number
-from .text import jobs_logger
+from .text import jobs_logger, safe_repr
 
 logger = jobs_logger("django_jobs.backoff")
 
@@ -78,7 +78,9 @@ class Exponential:
         factor = self.factor
         finite = is_number(factor) and (isinstance(factor, int) or math.isfinite(factor))
         if not finite or factor < 1:
-            raise ValueError(f"Exponential factor must be a finite number >= 1, not {factor!r:.40}")
+            raise ValueError(
+                f"Exponential factor must be a finite number >= 1, not {safe_repr(factor, 40)}"
+            )
         if not is_number(self.jitter) or not 0 <= self.jitter < 1:
             raise ValueError(
                 f"Exponential jitter must be a number from 0 up to (not including) 1, "
@@ -287,13 +289,3 @@ def unusable(data: Any, task_path: str | None, attempt: int, reason: str) -> flo
         reason,
     )
     return default_delay(attempt)
-
-
-def safe_repr(value: Any, limit: int = 200) -> str:
-    """A short ``repr`` for a log line; a row or a function's result may be huge or have
-    a ``__repr__`` that raises."""
-    try:
-        text = repr(value)
-    except Exception:
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else f"{text[:limit]}..."

@@ -11,7 +11,7 @@ from django.db import connections
 from django.tasks import Task, task_backends
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 
-from .backoff import declared_seconds, safe_repr
+from .backoff import declared_seconds
 from .conf import SETTINGS_NAME, JobsSettings, did_you_mean
 from .exceptions import InvalidTaskArguments, TaskNotFound
 from .job_task import MAX_CONCURRENCY_LIMIT, bound_arguments, is_int
@@ -22,6 +22,7 @@ from .rates import named_rate
 from .recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_zone
 from .schedules import ScheduleError, parse_schedule, parse_time_zone
 from .serialization import json_arguments
+from .text import safe_repr
 
 if TYPE_CHECKING:
     from .backend import JobsBackend

@@ -13,6 +13,8 @@ from typing import Any
 
 from django.conf import settings
 
+from .text import safe_repr
+
 SETTINGS_NAME = "DJANGO_JOBS"
 
 
@@ -106,7 +108,8 @@ def parse_queue_list(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...
         value = value.split(",")
     if not isinstance(value, list | tuple) or not all(isinstance(q, str) for q in value):
         raise TypeError(
-            f"queues must be a comma-separated string or a list of strings, not {value!r:.60}"
+            "queues must be a comma-separated string or a list of strings, "
+            f"not {safe_repr(value, 60)}"
         )
     queues = tuple(q.strip() for q in value if q and q.strip())
     return queues or ("*",)

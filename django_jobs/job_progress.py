@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from .exceptions import JobNotFound
 from .models import Job
-from .text import clip, jobs_logger, safe_str, without_nul
+from .text import clip, jobs_logger, safe_repr, safe_str, without_nul
 
 logger = jobs_logger("django_jobs.progress")
 
@@ -159,11 +159,15 @@ def checked_report(done: Any, total: Any, message: Any) -> Report:
             return math.inf
 
     if not is_number(done) or not math.isfinite(as_float(done)) or done < 0:
-        raise ValueError(f"set_progress(): done must be a finite number >= 0, not {done!r:.60}")
+        raise ValueError(
+            f"set_progress(): done must be a finite number >= 0, not {safe_repr(done, 60)}"
+        )
     if total is not None and (
         not is_number(total) or not math.isfinite(as_float(total)) or total <= 0
     ):
-        raise ValueError(f"set_progress(): total must be None or a number > 0, not {total!r:.60}")
+        raise ValueError(
+            f"set_progress(): total must be None or a number > 0, not {safe_repr(total, 60)}"
+        )
     if not isinstance(message, str):
         raise TypeError(f"set_progress(): message must be a str, not {type(message).__name__}")
     return Report(

@@ -19,11 +19,12 @@ from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Ta
 from django.tasks.base import DEFAULT_TASK_PRIORITY
 from django.tasks.exceptions import InvalidTask
 
-from .backoff import BackoffSpec, Exponential, declared_seconds, safe_repr, validate_backoff
+from .backoff import BackoffSpec, Exponential, declared_seconds, validate_backoff
 from .conf import did_you_mean
 from .exceptions import InvalidTaskArguments
 from .limits import MAX_ATTEMPTS
 from .rates import Rate, is_rate, parse_rate, resolve_rate
+from .text import safe_repr
 
 ConcurrencyKey = str | Callable[..., str] | None
 
@@ -433,12 +434,13 @@ def checked_calls(calls: Iterable[Any], where: str) -> list[Call]:
     for index, call in enumerate(calls):
         if not isinstance(call, tuple | list) or len(call) != 3:
             raise InvalidTask(
-                f"{where}: call {index} must be a (task, args, kwargs) tuple, not {call!r:.80}"
+                f"{where}: call {index} must be a (task, args, kwargs) tuple, "
+                f"not {safe_repr(call, 80)}"
             )
         task, args, kwargs = call
         if not isinstance(task, Task):
             raise InvalidTask(
-                f"{where}: call {index} names {task!r:.80}, which is not a task "
+                f"{where}: call {index} names {safe_repr(task, 80)}, which is not a task "
                 "(a function decorated with @task)"
             )
         if isinstance(args, str | bytes) or not isinstance(args, Sequence):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .limits import MAX_SECONDS
+from .text import safe_repr
 
 # Seconds per unit; "10/m", "100/5s", "1/2h", "5000/d".
 UNITS = {
@@ -48,7 +49,7 @@ class Rate:
 def parse_rate(text: object) -> Rate:
     """A :class:`Rate` from ``"N/period"``; ``ValueError`` saying what is wrong."""
     if not isinstance(text, str):
-        raise ValueError(f"a rate must be a string like '10/m', not {text!r:.40}")
+        raise ValueError(f"a rate must be a string like '10/m', not {safe_repr(text, 40)}")
     match = RATE_PATTERN.match(text)
     if match is None:
         raise ValueError(f"{text!r} is not a rate like '10/m', '100/5s' or '1000/h'")
@@ -62,7 +63,7 @@ def parse_rate(text: object) -> Rate:
     limit = int(digits) if len(digits) <= 9 else MAX_STARTS_PER_PERIOD + 1
     if not 1 <= limit <= MAX_STARTS_PER_PERIOD:
         raise ValueError(
-            f"{text!r:.60}: the count must be between 1 and {MAX_STARTS_PER_PERIOD:,} "
+            f"{safe_repr(text, 60)}: the count must be between 1 and {MAX_STARTS_PER_PERIOD:,} "
             "(use a longer period for more)"
         )
     try:
@@ -76,7 +77,7 @@ def parse_rate(text: object) -> Rate:
     # past a century (or a float's range) would overflow one in a worker.
     if not period <= MAX_SECONDS:
         raise ValueError(
-            f"{text!r:.60}: the period must be at most {MAX_SECONDS / 86400:,.0f} days "
+            f"{safe_repr(text, 60)}: the period must be at most {MAX_SECONDS / 86400:,.0f} days "
             "(about a century)"
         )
     return Rate(limit, period)

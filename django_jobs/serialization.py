@@ -21,6 +21,7 @@ from django.utils.json import normalize_json
 
 from .conf import size_limit
 from .exceptions import InvalidTaskArguments, ResultNotStored
+from .text import safe_repr
 
 # Levels of nesting a stored document may have. MariaDB's JSON_VALID refuses 32 and more;
 # elsewhere 100 keeps Python's own recursion (json, normalize_json) far from its limit.
@@ -165,7 +166,9 @@ def argument_error(
     """The error for the first argument (positional, then keyword) that JSON would not
     keep, or the database would not store; or for the call as a whole."""
     if not isinstance(kwargs, Mapping):
-        return InvalidTaskArguments(f"Task keyword arguments must be a dict, not {kwargs!r:.60}")
+        return InvalidTaskArguments(
+            f"Task keyword arguments must be a dict, not {safe_repr(kwargs, 60)}"
+        )
     for name in kwargs:
         if not isinstance(name, str):
             return InvalidTaskArguments(f"Task keyword argument names must be strings: {name!r}")

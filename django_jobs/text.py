@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import numbers
 import re
+from typing import Any
 
 # C0 and C1 control characters, DEL, and the Unicode line and paragraph separators some
 # terminals and log viewers treat as newlines. Tab and newline are kept by ``printable``
@@ -47,6 +48,16 @@ def safe_str(value: object) -> str:
     except Exception as exc:
         return f"<{type(value).__name__} whose str() raised {type(exc).__name__}>"
     return text if isinstance(text, str) else f"<{type(value).__name__}>"
+
+
+def safe_repr(value: Any, limit: int = 200) -> str:
+    """A short ``repr`` for a message or a log line: the value may be huge, nested past
+    Python's recursion limit, or have a ``__repr__`` that raises."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def without_nul(text: str) -> str:

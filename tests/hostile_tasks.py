@@ -60,6 +60,12 @@ def reports_progress(encoded: str) -> str:
     return "reported"
 
 
+@task
+def reports_done(encoded: str) -> str:
+    set_progress(decoded(encoded), None, "counting")
+    return "reported"
+
+
 @task(max_attempts=2, backoff=0)
 def snoozes(encoded: str) -> None:
     raise Snooze(decoded(encoded))

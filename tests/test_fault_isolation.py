@@ -195,9 +195,10 @@ def test_a_nul_in_a_return_value_ends_that_job_and_the_worker_goes_on(run_jobs):
     [
         (nest(5000), "nested more than 100 levels"),
         ({"$chars": 1024 * 1024}, "over the limit of 1,048,576 bytes"),
+        ({"$chars": 30 * 1024 * 1024}, "takes 31,457,282 bytes of JSON"),
         ("\ud800", "lone surrogate"),
     ],
-    ids=["nested-5000", "over-max_result_size", "lone-surrogate"],
+    ids=["nested-5000", "over-max_result_size", "30-MB", "lone-surrogate"],
 )
 def test_a_return_value_no_database_stores_fails_its_job_naming_the_cause(run_jobs, value, cause):
     worker = run_jobs(*WORKER)
@@ -264,7 +265,8 @@ def test_an_exception_whose_str_raises_is_recorded(run_jobs):
 
 def test_a_huge_exception_is_cut_to_the_configured_sizes(run_jobs):
     worker = run_jobs(*WORKER, env={"JOBS_MAX_ERROR_SIZE": "5000"})
-    bad = hostile.raises.using(max_attempts=1).enqueue(encode("y" * 300_000))
+    # 30 MB of message: built in the task (an argument may take 1 MiB).
+    bad = hostile.raises.using(max_attempts=1).enqueue(encode({"$chars": 30 * 1024 * 1024}))
     job = settled([int(bad.id)])[int(bad.id)]
     failure = last_failure(job.pk)
     assert len(failure.message) == 2000 and failure.message.endswith("more characters cut]")
@@ -319,6 +321,24 @@ def test_any_progress_message_ends_its_job_in_a_defined_state(run_jobs_once, val
         else:
             assert job.status == JobStatus.FAILED
             assert "message must be a str" in last_failure(job.pk).message
+    assert_runtime_healthy(worker)
+
+
+@pytest.mark.parametrize(
+    ("done", "stored"),
+    [(1e300, 1e300), (math.nan, None), (math.inf, None), (10**400, None), ({"$nest": 5000}, None)],
+    ids=["1e300", "nan", "inf", "10**400", "nested-5000"],
+)
+def test_a_progress_count_is_stored_or_refused_in_the_job(run_jobs, done, stored):
+    """A count no column holds ends that job's attempt with set_progress's own error."""
+    worker = run_jobs(*WORKER)
+    result = hostile.reports_done.enqueue(encode(done))
+    job = settled([int(result.id)])[int(result.id)]
+    if stored is None:
+        assert job.status == JobStatus.FAILED
+        assert last_failure(job.pk).message.startswith("set_progress(): done must be")
+    else:
+        assert (job.status, job.progress_done) == (JobStatus.SUCCEEDED, stored)
     assert_runtime_healthy(worker)
 
 
