@@ -105,7 +105,7 @@ WORKERS = 3
 PROCESS_PREFIX = "bench-"
 TRACEBACK = (
     "Traceback (most recent call last):\n"
-    '  File "/srv/app/django_jobs/runner/worker.py", line 212, in perform\n'
+    '  File "/srv/app/django_jobs/runtime/worker.py", line 212, in perform\n'
     "    result = task.call(*job.args, **job.kwargs)\n"
     '  File "/srv/app/bench/tasks.py", line 48, in sync_crm\n'
     "    response = session.post(url, json=payload, timeout=10)\n"

@@ -123,7 +123,7 @@ from django_jobs.models import (  # noqa: E402
     ScheduledExecution,
     Semaphore,
 )
-from django_jobs.runner.worker import unrecorded_bound  # noqa: E402
+from django_jobs.runtime.worker import unrecorded_bound  # noqa: E402
 from tests.harness import (  # noqa: E402
     RunJobs,
     child_pids,

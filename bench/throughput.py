@@ -203,17 +203,11 @@ from django_tasks_db.utils import exclusive_transaction  # noqa: E402
 
 from bench.tasks import noop, noop_keyed, noop_rated, peer_noop  # noqa: E402
 from django_jobs.backend import JobsBackend  # noqa: E402
-from django_jobs.claims import claim_jobs  # noqa: E402
 from django_jobs.conf import JobsSettings  # noqa: E402
-from django_jobs.models import (  # noqa: E402
-    FINISHED_STATUSES,
-    Job,
-    JobStatus,
-    Process,
-    ReadyExecution,
-)
-from django_jobs.processes import register_process  # noqa: E402
-from django_jobs.queues import QueueSelector  # noqa: E402
+from django_jobs.core.claims import claim_jobs  # noqa: E402
+from django_jobs.core.processes import register_process  # noqa: E402
+from django_jobs.core.queues import QueueSelector  # noqa: E402
+from django_jobs.models import FINISHED_STATUSES, Job, JobStatus, Process, ReadyExecution  # noqa: E402
 from tests.harness import create_server_database  # noqa: E402
 
 DB = "default"
@@ -1232,7 +1226,7 @@ def enqueue_client() -> int:
     waits for ``go SECONDS``, enqueues one job at a time in autocommit for that
     long, then prints what it did as JSON.
     """
-    from django_jobs import notify
+    from django_jobs.db import notify
 
     noop.enqueue()
     print("ready", flush=True)
@@ -1330,7 +1324,7 @@ class NotificationCounter:
     def __init__(self) -> None:
         import psycopg
 
-        from django_jobs.runner.listener import CHANNEL, connection_params
+        from django_jobs.runtime.listener import CHANNEL, connection_params
 
         params = {**connection_params(DB), "application_name": "django-jobs bench listener"}
         self.connection = psycopg.connect(**params)
@@ -1506,7 +1500,7 @@ def phase_keyed(run: Run) -> None:
 def phase_rated(run: Run) -> None:
     """A rate limit's cost: the plain drain's jobs under a limit that never binds
     (10,000/s per key, over --keys keys), so every start takes the locked path of
-    django_jobs/rate_limits.py and none waits."""
+    django_jobs/core/rate_limits.py and none waits."""
     keys = run.sizes.keys
     label = f"drain, {keys:,} rate keys (never binding)"
     drain_against_plain(run, "rated", label, run.ours.enqueue_rated, "(the cost, no target)")

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django_jobs import moved
+
 if TYPE_CHECKING:
     from django.tasks import Task, TaskResult
 
-    from .job_progress import Progress
+    from django_jobs.core.progress import Progress
+
+moved.install()
 
 __all__ = [
     "Exponential",
@@ -26,7 +30,7 @@ __all__ = [
 
 def task(*args: Any, **kwargs: Any) -> Any:
     """``@task`` with this backend's options, on Django 6.0 and 6.1 alike."""
-    from .job_task import task as _task
+    from django_jobs.tasks.job_task import task as _task
 
     return _task(*args, **kwargs)
 
@@ -38,7 +42,7 @@ def bulk_enqueue(calls: Any, *, backend: str | None = None) -> list[TaskResult]:
     """
     from django.tasks import task_backends
 
-    from .job_task import checked_calls
+    from django_jobs.tasks.job_task import checked_calls
 
     calls = checked_calls(calls, "bulk_enqueue()")
     if not calls:
@@ -55,9 +59,9 @@ def bulk_enqueue(calls: Any, *, backend: str | None = None) -> list[TaskResult]:
 def enqueue_batch(calls: Any, **options: Any) -> Any:
     """Enqueue ``[(task, args, kwargs), ...]`` as one batch with callbacks.
 
-    See :func:`django_jobs.batches.enqueue_batch` for the options.
+    See :func:`django_jobs.core.batches.enqueue_batch` for the options.
     """
-    from .batches import enqueue_batch as _enqueue_batch
+    from django_jobs.core.batches import enqueue_batch as _enqueue_batch
 
     return _enqueue_batch(calls, **options)
 
@@ -71,7 +75,7 @@ def enqueue_on_commit(task: Task, *args: Any, using: str | None = None, **kwargs
     """
     from django.db import transaction
 
-    from .conf import database_alias
+    from django_jobs.conf import database_alias
 
     transaction.on_commit(lambda: task.enqueue(*args, **kwargs), using=using or database_alias())
 
@@ -85,8 +89,8 @@ def cancel(result_id: str | int, *, using: str | None = None) -> str:
     ``JobCancelled`` error and is never retried. Raises ``JobNotFound`` for an
     unknown id and ``JobAlreadyFinished`` for a job that has ended.
     """
-    from .cancellation import cancel_job
-    from .conf import database_alias
+    from django_jobs.conf import database_alias
+    from django_jobs.core.cancellation import cancel_job
 
     return cancel_job(using or database_alias(), int(result_id))
 
@@ -104,7 +108,7 @@ def cancel_requested() -> bool:
     Check it between steps of a long task to stop cleanly before the worker
     interrupts the thread by force. Outside a job: False.
     """
-    from .runner.watchdog import cancel_requested as requested
+    from django_jobs.runtime.watchdog import cancel_requested as requested
 
     return requested()
 
@@ -119,7 +123,7 @@ def set_progress(done: float, total: float | None = None, message: str = "") -> 
     raises ``RuntimeError``; a negative or non-finite ``done``, or a ``total`` that is
     not > 0, raises ``ValueError``.
     """
-    from .job_progress import set_progress as _set_progress
+    from django_jobs.core.progress import set_progress as _set_progress
 
     _set_progress(done, total, message)
 
@@ -130,18 +134,18 @@ def progress(result_id: str | int, *, using: str | None = None) -> Progress | No
 
     Raises ``JobNotFound`` for an unknown id.
     """
-    from .job_progress import progress as _progress
+    from django_jobs.core.progress import progress as _progress
 
     return _progress(result_id, using=using)
 
 
 def __getattr__(name: str) -> Any:
     if name == "Exponential":
-        from .backoff import Exponential
+        from django_jobs.tasks.backoff import Exponential
 
         return Exponential
     if name == "Snooze":
-        from .exceptions import Snooze
+        from django_jobs.exceptions import Snooze
 
         return Snooze
     raise AttributeError(name)

@@ -13,18 +13,18 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
-from .admission import admit_jobs
-from .backoff import backoff_to_json
-from .conf import database_alias
-from .job_task import Call, JobTask, bound_arguments, checked_calls, job_options
-from .models import Batch, FailedExecution, Job, JobStatus, ScheduledExecution
-from .pg_insert import CHUNK_SIZE, can_insert_in_one_statement, insert_ready_jobs
-from .results import build_result
-from .serialization import json_arguments
-from .text import safe_repr
-from .tracing import record_enqueue
-from .transactions import hot_transaction
-from .uniqueness import insert_unique, retry_after, unique_in_key_order
+from django_jobs.conf import database_alias
+from django_jobs.core.admission import admit_jobs
+from django_jobs.core.uniqueness import insert_unique, retry_after, unique_in_key_order
+from django_jobs.db.pg_insert import CHUNK_SIZE, can_insert_in_one_statement, insert_ready_jobs
+from django_jobs.db.transactions import hot_transaction
+from django_jobs.models import Batch, FailedExecution, Job, JobStatus, ScheduledExecution
+from django_jobs.observability.tracing import record_enqueue
+from django_jobs.tasks.backoff import backoff_to_json
+from django_jobs.tasks.job_task import Call, JobTask, bound_arguments, checked_calls, job_options
+from django_jobs.tasks.results import build_result
+from django_jobs.tasks.serialization import json_arguments
+from django_jobs.text import safe_repr
 
 BULK_BATCH_SIZE = 1000
 
@@ -51,7 +51,7 @@ class JobsBackend(BaseTaskBackend):
 
         All or nothing: one invalid call raises before anything is written. A
         call of a unique task whose key is held gives the holder's result
-        instead of a new job (see ``django_jobs.uniqueness``). ``batch``: the
+        instead of a new job (see ``django_jobs.core.uniqueness``). ``batch``: the
         (saved) batch the jobs are items of; ``django_jobs.batches`` passes it.
 
         A deadlock the database breaks by rolling this enqueue back is retried
@@ -238,7 +238,7 @@ class JobsBackend(BaseTaskBackend):
         return build_result(job, failures)
 
     def check(self, **kwargs: Any) -> list[Any]:
-        from .checks import backend_checks
+        from django_jobs.checks import backend_checks
 
         return backend_checks(self)
 

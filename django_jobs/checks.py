@@ -11,21 +11,21 @@ from django.db import connections
 from django.tasks import Task, task_backends
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 
-from .backoff import declared_seconds
-from .conf import SETTINGS_NAME, JobsSettings, did_you_mean
-from .exceptions import InvalidTaskArguments, TaskNotFound
-from .job_task import MAX_CONCURRENCY_LIMIT, bound_arguments, is_int
-from .limits import is_number
-from .loading import load_task
-from .queues import QueueSelector
-from .rates import named_rate
-from .recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_zone
-from .schedules import ScheduleError, parse_schedule, parse_time_zone
-from .serialization import json_arguments
-from .text import safe_repr
+from django_jobs.conf import SETTINGS_NAME, JobsSettings, did_you_mean
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_zone
+from django_jobs.exceptions import InvalidTaskArguments, TaskNotFound
+from django_jobs.limits import is_number
+from django_jobs.tasks.backoff import declared_seconds
+from django_jobs.tasks.job_task import MAX_CONCURRENCY_LIMIT, bound_arguments, is_int
+from django_jobs.tasks.loading import load_task
+from django_jobs.tasks.rates import named_rate
+from django_jobs.tasks.schedules import ScheduleError, parse_schedule, parse_time_zone
+from django_jobs.tasks.serialization import json_arguments
+from django_jobs.text import safe_repr
 
 if TYPE_CHECKING:
-    from .backend import JobsBackend
+    from django_jobs.backend import JobsBackend
 
 # The largest size setting, in bytes or characters.
 MAX_SIZE = 2**30
@@ -107,7 +107,7 @@ def declared_queues(db: str) -> set[str] | None:
     """The queues a job in ``db`` can be in: the ``QUEUES`` of every django-jobs backend
     writing to ``db``. None when any queue can be (a backend with empty ``QUEUES``, or none
     writes there): nothing to check against."""
-    from .backend import JobsBackend
+    from django_jobs.backend import JobsBackend
 
     names: set[str] = set()
     for alias in task_backends.settings:
@@ -314,7 +314,7 @@ def owns_settings_checks(backend: JobsBackend) -> bool:
     """``DJANGO_JOBS`` is one dict: the first django-jobs backend in TASKS checks it, so
     two backends do not report each problem twice (a recurring entry is checked
     against its own task's backend)."""
-    from .backend import JobsBackend
+    from django_jobs.backend import JobsBackend
 
     for alias in task_backends.settings:
         if isinstance(task_backends[alias], JobsBackend):
@@ -419,7 +419,7 @@ def recurring_value_checks(where: str, entry: Mapping[str, Any]) -> list[Any]:
 
 def recurring_task_checks(where: str, entry: Mapping[str, Any], db: str) -> list[Any]:
     """The task imports, is a Task, and enqueues through django-jobs into ``db``."""
-    from .backend import JobsBackend
+    from django_jobs.backend import JobsBackend
 
     path = entry["task"]
     if not isinstance(path, str):

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 
-from .text import safe_repr
+from django_jobs.text import safe_repr
 
 SETTINGS_NAME = "DJANGO_JOBS"
 

@@ -120,7 +120,7 @@ class Job(models.Model):
         max_length=8, choices=[("block", "Block"), ("discard", "Discard")], default="block"
     )
     # At most ``rate_limit`` starts of ``rate_key`` in any ``rate_period`` seconds
-    # (django_jobs/rate_limits.py); NULL: no rate limit.
+    # (django_jobs/core/rate_limits.py); NULL: no rate limit.
     rate_key = models.CharField(max_length=255, null=True, blank=True)
     rate_limit = models.PositiveIntegerField(null=True, blank=True)
     rate_period = models.FloatField(null=True, blank=True)
@@ -146,14 +146,14 @@ class Job(models.Model):
     )
     # The last progress its task reported (``django_jobs.set_progress``): written only by
     # the worker's progress writer, one UPDATE of these four columns by primary key
-    # (django_jobs/job_progress.py), never by a transition. NULL until it reports.
+    # (django_jobs/core/progress.py), never by a transition. NULL until it reports.
     progress_done = models.FloatField(null=True, blank=True)
     progress_total = models.FloatField(null=True, blank=True)
     progress_message = models.CharField(max_length=255, null=True, blank=True)
     progress_at = models.DateTimeField(null=True, blank=True)
     # The enqueuer's trace context as propagation headers (W3C ``traceparent``, ``tracestate``),
     # so the run's span continues the enqueuing request's trace. NULL without OpenTelemetry
-    # (``django_jobs.tracing``).
+    # (``django_jobs.observability.tracing``).
     trace_context = models.JSONField(null=True, blank=True)
 
     class Meta:
@@ -348,7 +348,7 @@ class RateLimit(models.Model):
     within one period, at most ``limit`` of them. ``planned``: the last
     ``limit`` start times planned, the real starts and the times promised to
     jobs waiting for the window. Both are only read and written under this
-    row's lock, in a start transaction (django_jobs/rate_limits.py).
+    row's lock, in a start transaction (django_jobs/core/rate_limits.py).
     """
 
     key = models.CharField(max_length=255, unique=True)

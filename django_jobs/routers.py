@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .conf import database_alias
+from django_jobs.conf import database_alias
 
 APP_LABEL = "django_jobs"
 

@@ -91,7 +91,7 @@ def breaks_the_completer() -> str:
     """Fault injection: what a bug of ours in the completer would do. It replaces the
     function the completer thread writes with, in the worker process that runs it, by one
     that raises: the thread cannot go on, and its process must not either."""
-    from django_jobs.runner import completer
+    from django_jobs.runtime import completer
 
     def broken(ctx: object, batch: object) -> None:
         raise RuntimeError("injected: the completer's write is broken")

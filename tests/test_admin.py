@@ -20,7 +20,9 @@ from django.utils.csp import CSP
 from django_jobs import enqueue_batch
 from django_jobs import task as jobs_task
 from django_jobs.admin import filters, pagination
-from django_jobs.claims import claim_jobs, start_job
+from django_jobs.core.claims import claim_jobs, start_job
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -32,8 +34,6 @@ from django_jobs.models import (
     ReadyExecution,
     Semaphore,
 )
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
 from tests import tasks
 from tests.factories import (
     FailedExecutionFactory,
@@ -809,8 +809,8 @@ def test_a_job_page_cuts_long_texts_and_says_how_long_they_are(admin_client):
 def test_the_stuck_page_reads_a_bounded_number_of_blocked_keys(admin_client):
     """It looks for jobs blocked behind a free slot among the first keys only (a LIMIT in
     the grouped query), and says how many keys it left out."""
-    from django_jobs import inspection
     from django_jobs.admin import stuck
+    from django_jobs.observability import inspection
 
     plant_blocked_keys(inspection.KEYS_READ + 100, prefix="k")
     with CaptureQueriesContext(connection) as queries:

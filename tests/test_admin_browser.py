@@ -24,7 +24,9 @@ from django_jobs import enqueue_batch
 from django_jobs import task as jobs_task
 from django_jobs.admin.dashboard import DashboardAdmin
 from django_jobs.admin.jobs import JobAdmin
-from django_jobs.claims import claim_jobs, finish_job, start_job
+from django_jobs.core.claims import claim_jobs, finish_job, start_job
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
 from django_jobs.models import (
     ClaimedExecution,
     Job,
@@ -33,8 +35,6 @@ from django_jobs.models import (
     RecurringExecution,
     Semaphore,
 )
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
 from tests import batch_tasks, progress_tasks, tasks
 from tests.factories import (
     FailedExecutionFactory,

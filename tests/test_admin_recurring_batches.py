@@ -17,12 +17,12 @@ from django.utils import timezone
 
 from django_jobs import enqueue_batch
 from django_jobs.admin import batches as batches_admin
-from django_jobs.batches import current_job_id
-from django_jobs.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
+from django_jobs.core.batches import current_job_id
+from django_jobs.core.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.recurring import enqueue_tick, parse_entry, sync_recurring_tasks
 from django_jobs.models import Batch, Job, JobStatus, RecurringExecution, RecurringTask
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.recurring import enqueue_tick, parse_entry, sync_recurring_tasks
 from tests import batch_tasks as bt
 from tests.test_admin import messages_of, text
 

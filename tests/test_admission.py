@@ -1,6 +1,6 @@
 """Admission through a key's semaphore, in-process, on the real database.
 
-A smoke level of the concurrency protocol (DESIGN.md section 4): N slots admit
+A smoke level of the concurrency protocol (docs/design.md section 4): N slots admit
 N, a finish promotes exactly one in its own transaction, the free count never
 passes the limit, drift is repaired; and the enqueue/finish race (Solid Queue
 #456 / PR #712) forced with two connections.
@@ -13,9 +13,13 @@ import threading
 import pytest
 from django.db import OperationalError, connection, transaction
 
-from django_jobs import admission, bulk_enqueue, pg_admission
-from django_jobs.admission import reconcile_key, release_slot
-from django_jobs.claims import claim_jobs, finish_job, finish_jobs, start_job
+from django_jobs import bulk_enqueue
+from django_jobs.core import admission
+from django_jobs.core.admission import reconcile_key, release_slot
+from django_jobs.core.claims import claim_jobs, finish_job, finish_jobs, start_job
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.db import pg_admission
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -24,8 +28,6 @@ from django_jobs.models import (
     ReadyExecution,
     Semaphore,
 )
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
 from tests import transition_tasks as tt
 from tests.factories import (
     BlockedExecutionFactory,
@@ -323,7 +325,7 @@ def test_enqueue_racing_a_finish_never_strands_the_blocked_job(monkeypatch):
     commits. B must end up ready: no job may stay blocked behind a free slot.
 
     The protection is the ``select_for_update()`` in
-    ``django_jobs.admission.lock_semaphore`` (``semaphores =
+    ``django_jobs.core.admission.lock_semaphore`` (``semaphores =
     Semaphore.objects.using(db).select_for_update()``): A's finish must lock
     the same semaphore row to free the slot, so it waits until B commits and
     then sees B's blocked row and promotes it. Without that lock A frees the

@@ -17,11 +17,11 @@ from django.utils import timezone
 from django_jobs import Exponential, bulk_enqueue, enqueue_on_commit
 from django_jobs import task as jobs_task
 from django_jobs.checks import backend_checks, sqlite_checks
-from django_jobs.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
+from django_jobs.core.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
 from django_jobs.exceptions import InvalidTaskArguments
 from django_jobs.models import Job, JobStatus, ReadyExecution, ScheduledExecution
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
 from tests import tasks
 
 pytestmark = pytest.mark.django_db

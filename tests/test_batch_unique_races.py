@@ -11,14 +11,15 @@ import pytest
 from django.db import OperationalError, connection, transaction  # noqa: F401  (skipif reads it)
 from django.utils import timezone
 
-from django_jobs import admission, batches, claims, enqueue_batch
 from django_jobs import backend as backend_module
+from django_jobs import enqueue_batch
 from django_jobs import task as jobs_task
-from django_jobs.claims import claim_jobs, finish_job, start_job
+from django_jobs.core import admission, batches, claims
+from django_jobs.core.claims import claim_jobs, finish_job, start_job
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.scheduling import promote_due_jobs
 from django_jobs.models import Batch, Job, ReadyExecution, ScheduledExecution
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.scheduling import promote_due_jobs
 from tests import batch_tasks as bt
 from tests.test_races import ALL, DB, Paused, Runner, wait_for
 
@@ -182,7 +183,7 @@ def race_promotion_against_item_finish(monkeypatch, worker) -> dict[str, BaseExc
 
 
 def test_a_discard_at_promotion_counts_its_batch_after_every_semaphore(monkeypatch, worker):
-    """Lock order (DESIGN.md section 4): ``admit_jobs`` counts discarded batch items once
+    """Lock order (docs/design.md section 4): ``admit_jobs`` counts discarded batch items once
     every key is done, so a promotion never holds a batch row while it waits for a
     semaphore that a finishing item of that batch holds."""
     errors = race_promotion_against_item_finish(monkeypatch, worker)

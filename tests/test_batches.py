@@ -9,9 +9,10 @@ import pytest
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
-from django_jobs import enqueue_batch, operations
-from django_jobs.batches import current_job_id
-from django_jobs.claims import (
+from django_jobs import enqueue_batch
+from django_jobs.core import operations
+from django_jobs.core.batches import current_job_id
+from django_jobs.core.claims import (
     ErrorInfo,
     claim_jobs,
     fail_job,
@@ -19,8 +20,11 @@ from django_jobs.claims import (
     recover_process_claims,
     start_job,
 )
-from django_jobs.discard import discard_job
-from django_jobs.maintenance import clear_finished_jobs
+from django_jobs.core.discard import discard_job
+from django_jobs.core.maintenance import clear_finished_jobs
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.scheduling import promote_due_jobs
 from django_jobs.models import (
     Batch,
     BlockedExecution,
@@ -29,9 +33,6 @@ from django_jobs.models import (
     ReadyExecution,
     ScheduledExecution,
 )
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.scheduling import promote_due_jobs
 from tests import batch_tasks as bt
 
 pytestmark = pytest.mark.django_db

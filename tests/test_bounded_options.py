@@ -24,14 +24,14 @@ from hypothesis import strategies as st
 
 from django_jobs import Exponential, Snooze
 from django_jobs import task as jobs_task
-from django_jobs.backoff import DEFAULT_BACKOFF, retry_delay
-from django_jobs.claims import ErrorInfo, claim_jobs, fail_job, start_job, start_jobs
+from django_jobs.core.claims import ErrorInfo, claim_jobs, fail_job, start_job, start_jobs
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.rate_limits import Window
 from django_jobs.limits import MAX_ATTEMPTS, MAX_SECONDS
 from django_jobs.models import Job, JobStatus, RateLimit, ScheduledExecution
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.rate_limits import Window
-from django_jobs.rates import Rate, parse_rate
+from django_jobs.tasks.backoff import DEFAULT_BACKOFF, retry_delay
+from django_jobs.tasks.rates import Rate, parse_rate
 from tests import rate_tasks
 
 HERE = __name__  # tests.test_bounded_options, as a job row names it

@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 
 from django_jobs import cancel
-from django_jobs.claims import (
+from django_jobs.core.claims import (
     ErrorInfo,
     claim_jobs,
     fail_job,
@@ -15,9 +15,9 @@ from django_jobs.claims import (
     release_job,
     start_jobs,
 )
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
 from django_jobs.models import ClaimedExecution, FailedExecution, Job, JobStatus
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
 from tests import batch_tasks, rate_tasks, tasks
 from tests import transition_tasks as tt
 from tests.test_query_counts import count

@@ -14,7 +14,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_jobs import bulk_enqueue
-from django_jobs.claims import (
+from django_jobs.conf import parse_queue_list
+from django_jobs.core.claims import (
     ErrorInfo,
     claim_jobs,
     fail_job,
@@ -26,7 +27,9 @@ from django_jobs.claims import (
     start_job,
     start_jobs,
 )
-from django_jobs.conf import parse_queue_list
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.scheduling import promote_due_jobs
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -38,9 +41,6 @@ from django_jobs.models import (
     ScheduledExecution,
     Semaphore,
 )
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.scheduling import promote_due_jobs
 from tests import transition_tasks as tt
 from tests.factories import ReadyExecutionFactory
 from tests.transition_tasks import DB, InThread, has_row_locks, vendor

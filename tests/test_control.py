@@ -20,7 +20,9 @@ from django.utils import timezone
 from django_jobs import Snooze, cancel, enqueue_batch
 from django_jobs import task as jobs_task
 from django_jobs.checks import backend_checks
-from django_jobs.claims import claim_jobs, release_job, snooze_job, start_jobs
+from django_jobs.core.claims import claim_jobs, release_job, snooze_job, start_jobs
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
 from django_jobs.models import (
     Batch,
@@ -30,11 +32,9 @@ from django_jobs.models import (
     ScheduledExecution,
     Semaphore,
 )
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.runner.executor import run_async_body
-from django_jobs.runner.watchdog import CANCELLED as CANCEL_REASON
-from django_jobs.runner.watchdog import Control, Watchdog, current_control
+from django_jobs.runtime.executor import run_async_body
+from django_jobs.runtime.watchdog import CANCELLED as CANCEL_REASON
+from django_jobs.runtime.watchdog import Control, Watchdog, current_control
 from testproject.demo.models import AuditEvent
 from tests import control_tasks, tasks
 from tests.harness import error_paths, job_row, wait_until

@@ -2,7 +2,7 @@
 
 A job's body can return before its success commits; a worker killed in that
 window turns the job into a failed attempt (``ProcessDied``), and with retries
-it would run a second time. DESIGN.md invariant 8 bounds that window per
+it would run a second time. docs/design.md invariant 8 bounds that window per
 worker process (docs/running.md, "How much a crash can cost"). This test runs
 thousands of keyed jobs, kills one worker mid-run and counts, from the jobs'
 own audit, those whose body completed but which ended failed. Small runs hide
@@ -20,7 +20,7 @@ from django.db import connection
 
 from django_jobs import bulk_enqueue
 from django_jobs.models import FINISHED_STATUSES, FailedExecution, Job, JobStatus, Process
-from django_jobs.runner.worker import unrecorded_bound
+from django_jobs.runtime.worker import unrecorded_bound
 from testproject.demo.models import AuditEvent
 from tests.harness import wait_until
 from tests.stress_tasks import audited_once

@@ -17,12 +17,12 @@ import pytest
 from django.db import OperationalError, connection, connections
 from django.utils import timezone
 
-from django_jobs.claims import claim_jobs
 from django_jobs.conf import JobsSettings
+from django_jobs.core.claims import claim_jobs
+from django_jobs.core.processes import register_process
 from django_jobs.models import ClaimedExecution, JobStatus, Process
-from django_jobs.processes import register_process
-from django_jobs.runner.lifecycle import Lifecycle
-from django_jobs.runner.worker import Worker
+from django_jobs.runtime.lifecycle import Lifecycle
+from django_jobs.runtime.worker import Worker
 from tests import batch_tasks, tasks
 from tests.harness import database_url, error_paths, job_row, runs_of, wait_until
 
@@ -206,10 +206,10 @@ def run_to_the_end(worker: Worker) -> None:
 @pytest.mark.parametrize(
     ("target", "task", "args"),
     [
-        ("django_jobs.runner.worker.claim_jobs", tasks.add, (1, 2)),
+        ("django_jobs.runtime.worker.claim_jobs", tasks.add, (1, 2)),
         # A job that the claim does not start (it lets go of its unique key as it starts):
         # its start is the start transaction's, whose answer is lost here.
-        ("django_jobs.runner.executor.start_jobs", batch_tasks.unique_while_waiting, (3,)),
+        ("django_jobs.runtime.executor.start_jobs", batch_tasks.unique_while_waiting, (3,)),
     ],
 )
 def test_a_commit_whose_answer_was_lost_is_neither_stranded_nor_counted_twice(
@@ -241,7 +241,7 @@ def test_a_claim_whose_answer_was_lost_then_a_stop_costs_no_attempt(monkeypatch)
     wrapper, lost = lose_the_answer_once(
         claim_jobs, then=lambda: worker.lifecycle.request_stop("test")
     )
-    monkeypatch.setattr("django_jobs.runner.worker.claim_jobs", wrapper)
+    monkeypatch.setattr("django_jobs.runtime.worker.claim_jobs", wrapper)
     run_to_the_end(worker)
     assert lost
     job = job_row(result)

@@ -8,13 +8,13 @@ import pytest
 from django.tasks import TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 
-from django_jobs.claims import claim_jobs
+from django_jobs.core.claims import claim_jobs
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
 from django_jobs.models import FailedExecution, Job, JobStatus
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.runner.context import ExecutionContext
-from django_jobs.runner.executor import execute_job
-from django_jobs.runner.lifecycle import Lifecycle
+from django_jobs.runtime.context import ExecutionContext
+from django_jobs.runtime.executor import execute_job
+from django_jobs.runtime.lifecycle import Lifecycle
 from tests import tasks
 
 # transaction=True: the executor closes obsolete connections, as a worker thread must.

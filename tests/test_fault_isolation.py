@@ -30,7 +30,7 @@ from django_jobs.models import (
     ReadyExecution,
     ScheduledExecution,
 )
-from django_jobs.serialization import json_return_value
+from django_jobs.tasks.serialization import json_return_value
 from tests import hostile_tasks as hostile
 from tests.harness import wait_until
 

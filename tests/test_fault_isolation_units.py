@@ -17,15 +17,15 @@ from django.utils import timezone
 
 from django_jobs import bulk_enqueue
 from django_jobs import task as jobs_task
-from django_jobs.claims import claim_jobs
+from django_jobs.core.claims import claim_jobs
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
 from django_jobs.exceptions import InvalidTaskArguments
 from django_jobs.models import FailedExecution, Job, JobStatus
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.results import build_result
-from django_jobs.runner.completer import Success, write_isolated
-from django_jobs.runner.context import ExecutionContext
-from django_jobs.runner.lifecycle import Lifecycle
+from django_jobs.runtime.completer import Success, write_isolated
+from django_jobs.runtime.context import ExecutionContext
+from django_jobs.runtime.lifecycle import Lifecycle
+from django_jobs.tasks.results import build_result
 from django_jobs.text import EscapeControlCharacters, clip, printable, storable_text
 from tests import hostile_tasks as hostile
 from tests import tasks
@@ -157,7 +157,7 @@ def test_a_key_longer_than_its_column_is_refused_at_enqueue():
 def test_the_bulk_insert_refuses_a_queue_name_longer_than_its_column():
     """It cast every string column to ``varchar(n)[]``, and an explicit cast to varchar(n)
     cuts a longer value short without a word; the single insert raised."""
-    from django_jobs.pg_insert import insert_ready_jobs
+    from django_jobs.db.pg_insert import insert_ready_jobs
 
     now = timezone.now()
     jobs = [

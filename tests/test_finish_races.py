@@ -1,4 +1,4 @@
-"""Two workers writing batches at once, forced: no deadlock (DESIGN.md invariant 6).
+"""Two workers writing batches at once, forced: no deadlock (docs/design.md invariant 6).
 
 The cycle that made ebdd9c5 give each keyed success a transaction of its own
 was not in the semaphores. It was in ``DELETE ... WHERE job_id IN (...)``: on
@@ -23,8 +23,10 @@ import threading
 import pytest
 from django.db import OperationalError, connection, connections  # noqa: F401 (skipif strings)
 
-from django_jobs import claims
-from django_jobs.claims import claim_jobs, finish_jobs, start_jobs
+from django_jobs.core import claims
+from django_jobs.core.claims import claim_jobs, finish_jobs, start_jobs
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -33,8 +35,6 @@ from django_jobs.models import (
     ReadyExecution,
     Semaphore,
 )
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
 from tests.test_races import ALL, DB, Runner, one_at_a_time
 
 pytestmark = [

@@ -191,8 +191,8 @@ def test_the_blocked_keys_read_are_capped_and_the_rest_counted():
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_jobs import inspection
     from django_jobs.models import BlockedExecution, Job
+    from django_jobs.observability import inspection
 
     keys = [f"k{i:05}" for i in range(inspection.KEYS_READ + 20)]
     Job.objects.bulk_create(

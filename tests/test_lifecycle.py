@@ -20,7 +20,7 @@ import pytest
 CHILD = textwrap.dedent(
     """
     import sys
-    from django_jobs.runner.lifecycle import Lifecycle
+    from django_jobs.runtime.lifecycle import Lifecycle
 
     lifecycle = Lifecycle()
     lifecycle.install_signal_handlers()

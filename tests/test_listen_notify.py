@@ -40,17 +40,18 @@ from django.db import connection, connections, transaction
 from django.tasks import default_task_backend
 from django.test import override_settings
 
-from django_jobs import bulk_enqueue, cancel, notify
-from django_jobs.admission import make_ready
+from django_jobs import bulk_enqueue, cancel
 from django_jobs.checks import backend_checks
-from django_jobs.claims import claim_jobs, start_jobs
 from django_jobs.conf import JobsSettings
+from django_jobs.core.admission import make_ready
+from django_jobs.core.claims import claim_jobs, start_jobs
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.db import notify
+from django_jobs.db.notify import CANCEL_CHANNEL, Notifier
 from django_jobs.models import Job, JobStatus
-from django_jobs.notify import CANCEL_CHANNEL, Notifier
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.runner.lifecycle import Lifecycle
-from django_jobs.runner.listener import (
+from django_jobs.runtime.lifecycle import Lifecycle
+from django_jobs.runtime.listener import (
     APPLICATION_NAME,
     CHANNEL,
     Listener,

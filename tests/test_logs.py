@@ -8,7 +8,7 @@ import pytest
 from django.tasks import TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 
-from django_jobs.runner.logs import quiet_djangos_task_events
+from django_jobs.runtime.logs import quiet_djangos_task_events
 from tests import tasks
 
 

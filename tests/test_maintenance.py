@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_jobs.maintenance import clear_finished_jobs, reconcile_blocked_keys
+from django_jobs.core.maintenance import clear_finished_jobs, reconcile_blocked_keys
 from django_jobs.models import (
     Batch,
     BlockedExecution,

@@ -1,13 +1,15 @@
-"""Operator actions (``django_jobs.operations``): each acts only on the state it expects,
+"""Operator actions (``django_jobs.core.operations``): each acts only on the state it expects,
 goes through the key's semaphore, and leaves the limit and the free count right."""
 
 from __future__ import annotations
 
 import pytest
 
-from django_jobs import operations
 from django_jobs import task as jobs_task
-from django_jobs.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
+from django_jobs.core import operations
+from django_jobs.core.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -18,8 +20,6 @@ from django_jobs.models import (
     ReadyExecution,
     Semaphore,
 )
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
 from tests import tasks
 from tests.test_races import holders
 

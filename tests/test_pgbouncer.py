@@ -40,8 +40,9 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from django_jobs import bulk_enqueue, enqueue_batch, enqueue_on_commit, notify
+from django_jobs import bulk_enqueue, enqueue_batch, enqueue_on_commit
 from django_jobs import task as jobs_task
+from django_jobs.db import notify
 from django_jobs.models import (
     FINISHED_STATUSES,
     BlockedExecution,
@@ -54,8 +55,8 @@ from django_jobs.models import (
     ScheduledExecution,
     Semaphore,
 )
-from django_jobs.runner.listener import APPLICATION_NAME as LISTENER_NAME
-from django_jobs.runner.listener import CHANNEL
+from django_jobs.runtime.listener import APPLICATION_NAME as LISTENER_NAME
+from django_jobs.runtime.listener import CHANNEL
 from testproject.demo.models import AuditEvent
 from tests import batch_tasks, tasks
 from tests.factories import (

@@ -18,10 +18,10 @@ from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import django_jobs
-from django_jobs import job_progress
-from django_jobs.batches import current_job_id
+from django_jobs.core import progress as job_progress
+from django_jobs.core.batches import current_job_id
+from django_jobs.core.progress import WRITER, flush_progress
 from django_jobs.exceptions import JobNotFound
-from django_jobs.job_progress import WRITER, flush_progress
 from django_jobs.models import ClaimedExecution, Job, JobStatus, Semaphore
 from tests import progress_tasks
 from tests.factories import JobFactory, ProcessFactory

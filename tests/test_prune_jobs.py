@@ -13,9 +13,9 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobs.maintenance import prune_finished_jobs
+from django_jobs.core.maintenance import prune_finished_jobs
+from django_jobs.core.operations import retry_failed_job
 from django_jobs.models import Batch, FailedExecution, Job, JobStatus
-from django_jobs.operations import retry_failed_job
 from tests.factories import (
     ClaimedExecutionFactory,
     FailedExecutionFactory,

@@ -15,11 +15,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import bulk_enqueue
-from django_jobs.claims import ErrorInfo, claim_jobs, fail_job, finish_jobs, start_jobs
+from django_jobs.core.claims import ErrorInfo, claim_jobs, fail_job, finish_jobs, start_jobs
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.scheduling import promote_due_jobs
 from django_jobs.models import Job, JobStatus, ScheduledExecution
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.scheduling import promote_due_jobs
 from tests import tasks
 from tests import transition_tasks as tt
 

@@ -23,9 +23,9 @@ import pytest
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
-from django_jobs import admission, claims
 from django_jobs import task as jobs_task
-from django_jobs.claims import (
+from django_jobs.core import admission, claims
+from django_jobs.core.claims import (
     ErrorInfo,
     claim_jobs,
     finish_job,
@@ -33,8 +33,10 @@ from django_jobs.claims import (
     release_job,
     start_job,
 )
-from django_jobs.discard import discard_job
-from django_jobs.maintenance import reconcile_blocked_keys
+from django_jobs.core.discard import discard_job
+from django_jobs.core.maintenance import reconcile_blocked_keys
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -44,8 +46,6 @@ from django_jobs.models import (
     ReadyExecution,
     Semaphore,
 )
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
 from tests import tasks
 
 DB = "default"

@@ -13,9 +13,14 @@ from django.tasks.exceptions import InvalidTask
 from django.test import override_settings
 from django.utils import timezone
 
-from django_jobs import cancel, claims
+from django_jobs import cancel
 from django_jobs import task as jobs_task
-from django_jobs.claims import claim_jobs, start_jobs
+from django_jobs.core import claims
+from django_jobs.core.claims import claim_jobs, start_jobs
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.rate_limits import Window
+from django_jobs.core.scheduling import promote_due_jobs
 from django_jobs.models import (
     BlockedExecution,
     FailedExecution,
@@ -25,11 +30,7 @@ from django_jobs.models import (
     ReadyExecution,
     ScheduledExecution,
 )
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.rate_limits import Window
-from django_jobs.rates import Rate, parse_rate
-from django_jobs.scheduling import promote_due_jobs
+from django_jobs.tasks.rates import Rate, parse_rate
 from testproject.demo.models import AuditEvent
 from tests import rate_tasks
 from tests.harness import most_in_any_period, wait_until
@@ -398,7 +399,7 @@ def test_the_admin_shows_each_key_its_window_next_opening_and_waiting_jobs(admin
 
 
 def test_maintenance_prunes_only_rows_with_nothing_left_to_remember(transactional_db):
-    from django_jobs.maintenance import prune_rate_limits
+    from django_jobs.core.maintenance import prune_rate_limits
 
     now = timezone.now()
     day_ago = now - timedelta(days=1, minutes=1)

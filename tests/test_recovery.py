@@ -8,13 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_jobs import claims
-from django_jobs.claims import (
-    claim_jobs,
-    finish_job,
-    recover_process_claims,
-    start_job,
-)
+from django_jobs.core import claims
+from django_jobs.core.claims import claim_jobs, finish_job, recover_process_claims, start_job
+from django_jobs.core.processes import prune_dead_processes, register_process
+from django_jobs.core.queues import QueueSelector
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -26,8 +23,6 @@ from django_jobs.models import (
     ScheduledExecution,
     Semaphore,
 )
-from django_jobs.processes import prune_dead_processes, register_process
-from django_jobs.queues import QueueSelector
 from tests import transition_tasks as tt
 from tests.transition_tasks import DB, InThread
 

@@ -14,20 +14,20 @@ from django.tasks import task, task_backends
 from django.test import override_settings
 from django.utils import timezone
 
-from django_jobs import recurring
 from django_jobs.checks import backend_checks
 from django_jobs.conf import JobsSettings
-from django_jobs.models import Job, RecurringExecution, RecurringTask
-from django_jobs.recurring import (
+from django_jobs.core import recurring
+from django_jobs.core.recurring import (
     enqueue_tick,
     parse_entry,
     run_now,
     set_enabled,
     sync_recurring_tasks,
 )
-from django_jobs.runner import scheduler as scheduler_module
-from django_jobs.runner.lifecycle import Lifecycle
-from django_jobs.runner.scheduler import Scheduler
+from django_jobs.models import Job, RecurringExecution, RecurringTask
+from django_jobs.runtime import scheduler as scheduler_module
+from django_jobs.runtime.lifecycle import Lifecycle
+from django_jobs.runtime.scheduler import Scheduler
 from tests.harness import wait_until
 
 DB = "default"

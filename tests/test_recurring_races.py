@@ -16,12 +16,12 @@ import pytest
 from django.db import InterfaceError, OperationalError, connection, connections
 from django.utils import timezone
 
-from django_jobs import recurring
 from django_jobs.conf import JobsSettings
+from django_jobs.core import recurring
+from django_jobs.core.recurring import enqueue_tick, parse_entry, sync_recurring_tasks
 from django_jobs.models import Job, RecurringExecution, RecurringTask
-from django_jobs.recurring import enqueue_tick, parse_entry, sync_recurring_tasks
-from django_jobs.runner.lifecycle import Lifecycle
-from django_jobs.runner.scheduler import Scheduler
+from django_jobs.runtime.lifecycle import Lifecycle
+from django_jobs.runtime.scheduler import Scheduler
 from tests.test_races import Paused, Runner, wait_for
 
 DB = "default"

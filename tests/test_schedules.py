@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from django_jobs.schedules import (
+from django_jobs.tasks.schedules import (
     CronSchedule,
     IntervalSchedule,
     ScheduleError,

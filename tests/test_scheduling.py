@@ -8,7 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_jobs.claims import claim_jobs, finish_job, start_job
+from django_jobs.core.claims import claim_jobs, finish_job, start_job
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.scheduling import promote_due_jobs
 from django_jobs.models import (
     BlockedExecution,
     Job,
@@ -17,9 +20,6 @@ from django_jobs.models import (
     ScheduledExecution,
     Semaphore,
 )
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.scheduling import promote_due_jobs
 from tests import transition_tasks as tt
 from tests.transition_tasks import DB, InThread
 

@@ -1,4 +1,4 @@
-"""The shutdown deadline never frees a slot while its body may still run (DESIGN.md
+"""The shutdown deadline never frees a slot while its body may still run (docs/design.md
 invariant 9, seed 000), with real ``run_jobs`` processes and real signals.
 
 At ``shutdown_timeout`` a body still running gets ``WorkerShutdown`` raised in its

@@ -1,6 +1,6 @@
 """Stress: many keyed jobs, real worker processes, failures, retries and a SIGKILL.
 
-The jobs audit their own start and end times; the invariants of DESIGN.md
+The jobs audit their own start and end times; the invariants of docs/design.md
 section 5 (1 never over-admitted, 2 never stranded, 3 never lost, 4 attempts
 honest, 6 no deadlock) are then proved from that audit, not from the queue's
 own bookkeeping. Figures are printed (run with -s to see them).

@@ -12,15 +12,15 @@ import sys
 import pytest
 from django.tasks import task
 
-from django_jobs import tracing
-from django_jobs.claims import claim_jobs
+from django_jobs.core.claims import claim_jobs
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.scheduling import promote_due_jobs
 from django_jobs.models import Job, JobStatus
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.runner.context import ExecutionContext
-from django_jobs.runner.executor import execute_job
-from django_jobs.runner.lifecycle import Lifecycle
-from django_jobs.scheduling import promote_due_jobs
+from django_jobs.observability import tracing
+from django_jobs.runtime.context import ExecutionContext
+from django_jobs.runtime.executor import execute_job
+from django_jobs.runtime.lifecycle import Lifecycle
 from tests import tasks
 
 pytest.importorskip("opentelemetry.sdk.trace")
@@ -202,7 +202,7 @@ def test_without_opentelemetry_nothing_is_stored_and_no_span_is_made(spans, run_
 def test_importing_the_backend_and_worker_imports_no_opentelemetry():
     code = (
         "import sys, django; django.setup(); "
-        "import django_jobs.backend, django_jobs.runner.executor, django_jobs.tracing; "
+        "import django_jobs.backend, django_jobs.runtime.executor, django_jobs.tracing; "
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
     )
     done = subprocess.run(

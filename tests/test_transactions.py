@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from django.db import IntegrityError, connection, transaction
 
+from django_jobs.db.transactions import hot_transaction
 from django_jobs.models import Pause
-from django_jobs.transactions import hot_transaction
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from django_jobs import bulk_enqueue
 from django_jobs import task as jobs_task
-from django_jobs.admission import release_slot
-from django_jobs.claims import (
+from django_jobs.core.admission import release_slot
+from django_jobs.core.claims import (
     ErrorInfo,
     claim_jobs,
     fail_job,
@@ -25,7 +25,10 @@ from django_jobs.claims import (
     release_job,
     start_job,
 )
-from django_jobs.discard import discard_job
+from django_jobs.core.discard import discard_job
+from django_jobs.core.processes import prune_dead_processes, register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.scheduling import promote_due_jobs
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -38,9 +41,6 @@ from django_jobs.models import (
     ScheduledExecution,
     Semaphore,
 )
-from django_jobs.processes import prune_dead_processes, register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.scheduling import promote_due_jobs
 from tests import tasks
 
 DB = "default"

@@ -9,14 +9,15 @@ from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
-from django_jobs import bulk_enqueue, enqueue_batch, operations
+from django_jobs import bulk_enqueue, enqueue_batch
 from django_jobs import task as jobs_task
-from django_jobs.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
-from django_jobs.discard import discard_job
+from django_jobs.core import operations
+from django_jobs.core.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
+from django_jobs.core.discard import discard_job
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.scheduling import promote_due_jobs
 from django_jobs.models import Job, JobStatus, ScheduledExecution
-from django_jobs.processes import register_process
-from django_jobs.queues import QueueSelector
-from django_jobs.scheduling import promote_due_jobs
 from tests import batch_tasks as bt
 from tests import tasks
 

@@ -2,7 +2,7 @@
 
 On InnoDB two inserts of a unique key that was just let go (or whose holder rolls
 back while both wait) deadlock inside their INSERTs (the cycle is described in
-``django_jobs.uniqueness``). An enqueue in its own transaction is retried; one in
+``django_jobs.core.uniqueness``). An enqueue in its own transaction is retried; one in
 the caller's ``atomic()`` cannot be, and says so. PostgreSQL and SQLite never
 deadlock here: the same tests prove they give the same answers.
 """
@@ -19,8 +19,8 @@ import pytest
 from django.db import OperationalError, connection, transaction
 
 from django_jobs import bulk_enqueue
+from django_jobs.core.uniqueness import CALLERS_TRANSACTION_NOTE
 from django_jobs.models import Job
-from django_jobs.uniqueness import CALLERS_TRANSACTION_NOTE
 from tests import tasks
 from tests.harness import FAST_ENV, MANAGE, REPO_ROOT, database_url, wait_until
 from tests.unique_stress_tasks import touch

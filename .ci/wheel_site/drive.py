@@ -54,7 +54,8 @@ def make_jobs() -> None:
     from django.core.management import call_command
     from django.utils import timezone
 
-    from django_jobs import enqueue_batch, recurring
+    from django_jobs import enqueue_batch
+    from django_jobs.core import recurring
     from django_jobs.models import ClaimedExecution, Job, JobStatus, Process
     from wheel_site import tasks
 

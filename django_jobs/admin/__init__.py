@@ -1,11 +1,20 @@
 """The jobs admin: dashboard, job list and pages, blocked keys, stuck jobs, processes,
 rate-limited keys, recurring tasks and batches.
 
-Every action goes through :mod:`django_jobs.operations`, which takes the
+Every action goes through :mod:`django_jobs.core.operations`, which takes the
 worker's own locks; see ``docs/admin.md``.
 """
 
-from . import batches, blocked, dashboard, jobs, processes, rate_limited, recurring, stuck
+from django_jobs.admin import (
+    batches,
+    blocked,
+    dashboard,
+    jobs,
+    processes,
+    rate_limited,
+    recurring,
+    stuck,
+)
 
 __all__ = [
     "batches",

@@ -17,8 +17,8 @@ from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
 from django.utils.translation import gettext
 
-from ..conf import JobsSettings
-from .permissions import can_act_on_jobs, can_view_jobs
+from django_jobs.admin.permissions import can_act_on_jobs, can_view_jobs
+from django_jobs.conf import JobsSettings
 
 # Django 6.1's admin draws breadcrumbs as <ol class="breadcrumbs"><li>…, and its CSS styles
 # only that; 6.0's as <div class="breadcrumbs"> with &rsaquo; between links. Each gets its own.

@@ -18,17 +18,17 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 
-from ..batches import CALLBACK_NAMES
-from ..conf import JobsSettings
-from ..models import Batch, Job
-from . import pagination
-from .base import (
+from django_jobs.admin import pagination
+from django_jobs.admin.base import (
     REFRESH_SECONDS,
     JobsPermissionsMixin,
     ListTitleMixin,
     format_datetime,
     page_context,
 )
+from django_jobs.conf import JobsSettings
+from django_jobs.core.batches import CALLBACK_NAMES
+from django_jobs.models import Batch, Job
 
 ITEMS_SHOWN = 50
 CHILDREN_SHOWN = 50

@@ -10,10 +10,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 
-from .. import inspection, operations
-from ..conf import JobsSettings
-from ..models import BlockedExecution, BlockedKey, Process
-from .base import REFRESH_SECONDS, PageAdmin
+from django_jobs.admin.base import REFRESH_SECONDS, PageAdmin
+from django_jobs.conf import JobsSettings
+from django_jobs.core import operations
+from django_jobs.models import BlockedExecution, BlockedKey, Process
+from django_jobs.observability import inspection
 
 KEYS_PER_PAGE = 25
 WAITING_SHOWN = 10

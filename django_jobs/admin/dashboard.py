@@ -11,12 +11,13 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 
-from .. import inspection, operations
-from ..conf import JobsSettings
-from ..models import Dashboard, Job, JobStatus, Pause
-from .base import REFRESH_SECONDS, PageAdmin
-from .chart import bars
-from .processes import process_rows
+from django_jobs.admin.base import REFRESH_SECONDS, PageAdmin
+from django_jobs.admin.chart import bars
+from django_jobs.admin.processes import process_rows
+from django_jobs.conf import JobsSettings
+from django_jobs.core import operations
+from django_jobs.models import Dashboard, Job, JobStatus, Pause
+from django_jobs.observability import inspection
 
 # The queue table's columns: the execution tables now, then the last hour's outcomes over
 # the chart's own window, so that its succeeded and failed totals are the chart's.

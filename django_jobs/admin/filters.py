@@ -14,9 +14,16 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from ..conf import JobsSettings
-from ..models import Batch, BlockedExecution, ClaimedExecution, Job, ReadyExecution, Semaphore
-from .base import as_id
+from django_jobs.admin.base import as_id
+from django_jobs.conf import JobsSettings
+from django_jobs.models import (
+    Batch,
+    BlockedExecution,
+    ClaimedExecution,
+    Job,
+    ReadyExecution,
+    Semaphore,
+)
 
 RECENT = 2_000
 MAX_CHOICES = 100

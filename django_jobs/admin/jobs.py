@@ -19,23 +19,8 @@ from django.utils import timezone
 from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
 
-from .. import operations
-from ..cancellation import CANCELLED, cancel_job
-from ..conf import JobsSettings
-from ..exceptions import JobAlreadyFinished, JobNotFound
-from ..job_progress import Progress, amount, from_row
-from ..models import (
-    FINISHED_STATUSES,
-    BlockedExecution,
-    ClaimedExecution,
-    FailedExecution,
-    Job,
-    JobStatus,
-    ReadyExecution,
-    ScheduledExecution,
-)
-from . import pagination
-from .base import (
+from django_jobs.admin import pagination
+from django_jobs.admin.base import (
     DATETIME_FORMAT,
     REFRESH_SECONDS,
     JobsPermissionsMixin,
@@ -45,12 +30,27 @@ from .base import (
     key_html,
     page_context,
 )
-from .filters import (
+from django_jobs.admin.filters import (
     BatchFilter,
     ConcurrencyKeyFilter,
     FinishedSinceFilter,
     QueueFilter,
     TaskFilter,
+)
+from django_jobs.conf import JobsSettings
+from django_jobs.core import operations
+from django_jobs.core.cancellation import CANCELLED, cancel_job
+from django_jobs.core.progress import Progress, amount, from_row
+from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
+from django_jobs.models import (
+    FINISHED_STATUSES,
+    BlockedExecution,
+    ClaimedExecution,
+    FailedExecution,
+    Job,
+    JobStatus,
+    ReadyExecution,
+    ScheduledExecution,
 )
 
 # What a job's page shows of what is unbounded: a job may fail a million times, and each

@@ -17,10 +17,10 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
 
-from ..conf import JobsSettings
-from ..inspection import ProcessInfo
-from ..models import Process
-from .base import EMPTY, JobsPermissionsMixin, ListTitleMixin, format_datetime
+from django_jobs.admin.base import EMPTY, JobsPermissionsMixin, ListTitleMixin, format_datetime
+from django_jobs.conf import JobsSettings
+from django_jobs.models import Process
+from django_jobs.observability.inspection import ProcessInfo
 
 
 def serves(kind: str, metadata: Any) -> str:

@@ -12,12 +12,12 @@ from django.db.models import Count
 from django.http import HttpRequest
 from django.utils import timezone
 
-from ..conf import JobsSettings
-from ..limits import MAX_SECONDS, later
-from ..models import Job, JobStatus, RateLimit, RateLimitedKey
-from ..rate_limits import times, usable_rate
-from ..rates import Rate
-from .base import REFRESH_SECONDS, PageAdmin
+from django_jobs.admin.base import REFRESH_SECONDS, PageAdmin
+from django_jobs.conf import JobsSettings
+from django_jobs.core.rate_limits import times, usable_rate
+from django_jobs.limits import MAX_SECONDS, later
+from django_jobs.models import Job, JobStatus, RateLimit, RateLimitedKey
+from django_jobs.tasks.rates import Rate
 
 KEYS_PER_PAGE = 25
 EPOCH = datetime.fromtimestamp(0, tz=UTC)

@@ -18,10 +18,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 
-from .. import recurring
-from ..conf import JobsSettings
-from ..models import Job, RecurringExecution, RecurringTask
-from .base import PageAdmin
+from django_jobs.admin.base import PageAdmin
+from django_jobs.conf import JobsSettings
+from django_jobs.core import recurring
+from django_jobs.models import Job, RecurringExecution, RecurringTask
 
 RECENT_EXECUTIONS = 5
 

@@ -8,11 +8,11 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils import timezone
 
-from .. import inspection
-from ..conf import JobsSettings
-from ..models import Job, StuckJob
-from .base import REFRESH_SECONDS, PageAdmin, key_html
-from .processes import ProcessRow, process_rows
+from django_jobs.admin.base import REFRESH_SECONDS, PageAdmin, key_html
+from django_jobs.admin.processes import ProcessRow, process_rows
+from django_jobs.conf import JobsSettings
+from django_jobs.models import Job, StuckJob
+from django_jobs.observability import inspection
 
 KINDS = {
     "claimed_by_dead_process": (

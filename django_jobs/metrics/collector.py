@@ -24,9 +24,9 @@ from datetime import datetime
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..conf import JobsSettings
-from ..models import Process
-from .facts import OUTCOMES, PENDING_STATES, Facts, gather
+from django_jobs.conf import JobsSettings
+from django_jobs.metrics.facts import OUTCOMES, PENDING_STATES, Facts, gather
+from django_jobs.models import Process
 
 PREFIX = "django_jobs"
 PROCESS_LABELS = ["process", "kind", "host"]

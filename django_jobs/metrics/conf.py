@@ -13,7 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from ..conf import did_you_mean
+from django_jobs.conf import did_you_mean
 
 SETTINGS_NAME = "DJANGO_JOBS_METRICS"
 

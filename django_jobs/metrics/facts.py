@@ -4,7 +4,8 @@ Every query reads the execution tables (ready, scheduled, blocked, claimed: as l
 the backlog, not the history), the process, pause and semaphore tables, or the
 ``(status, finished_at)`` index range of ``Job`` for the last minute: the cost follows
 the backlog and the jobs finished per minute, never the number of finished jobs kept.
-Blocked keys and processes come from ``django_jobs.inspection``, as in ``manage.py jobs``.
+Blocked keys and processes come from ``django_jobs.observability.inspection``, as in
+``manage.py jobs``.
 
 Not ``inspection.queue_counts``: it also counts the jobs finished in the last hour per
 queue, whose cost follows the hour's throughput (each row of the range is looked up for
@@ -26,10 +27,9 @@ from django.db.models import Count, Min
 from django.tasks import task_backends
 from django.utils import timezone
 
-from ..backend import JobsBackend
-from ..conf import JobsSettings
-from ..inspection import BlockedKey, ProcessInfo, blocked_keys, processes
-from ..models import (
+from django_jobs.backend import JobsBackend
+from django_jobs.conf import JobsSettings
+from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
     Job,
@@ -38,6 +38,7 @@ from ..models import (
     ReadyExecution,
     ScheduledExecution,
 )
+from django_jobs.observability.inspection import BlockedKey, ProcessInfo, blocked_keys, processes
 
 # The states of ``django_jobs_jobs`` ("running": a claimed execution, started or about to
 # be, as ``manage.py jobs`` counts it).

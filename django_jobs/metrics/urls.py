@@ -11,7 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.urls import path
 
 try:
-    from . import views
+    from django_jobs.metrics import views
 except ImportError as exc:
     if not (exc.name or "").startswith("prometheus_client"):
         raise
@@ -19,7 +19,7 @@ except ImportError as exc:
         "django_jobs.metrics needs prometheus_client: pip install 'django-db-jobs[prometheus]'"
     ) from exc
 
-from .conf import MetricsSettings
+from django_jobs.metrics.conf import MetricsSettings
 
 MetricsSettings.load()
 

@@ -17,9 +17,9 @@ from django.views.decorators.http import require_safe
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from ..text import jobs_logger
-from .collector import JobsCollector
-from .conf import MetricsSettings
+from django_jobs.metrics.collector import JobsCollector
+from django_jobs.metrics.conf import MetricsSettings
+from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.metrics")
 

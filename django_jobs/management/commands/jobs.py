@@ -12,8 +12,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_jobs.inspection import COUNT_CAP, STATES, Snapshot, snapshot
-from django_jobs.job_progress import summary
+from django_jobs.core.progress import summary
+from django_jobs.observability.inspection import COUNT_CAP, STATES, Snapshot, snapshot
 from django_jobs.text import printable
 
 

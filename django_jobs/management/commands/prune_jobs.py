@@ -2,7 +2,7 @@
 
 The dispatcher already prunes on its own, every ``maintenance_interval``, what is older
 than ``clear_finished_jobs_after``. This command runs the same pruning
-(:func:`django_jobs.maintenance.prune_finished_jobs`) on demand: from cron when
+(:func:`django_jobs.core.maintenance.prune_finished_jobs`) on demand: from cron when
 ``clear_finished_jobs_after`` is ``None``, with a shorter age after an incident
 that piled up failures, for one status only, or as a dry run to see what would go.
 """
@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from django_jobs.conf import JobsSettings
-from django_jobs.maintenance import PRUNE_BATCH_SIZE, PruneCounts, prune_finished_jobs
+from django_jobs.core.maintenance import PRUNE_BATCH_SIZE, PruneCounts, prune_finished_jobs
 from django_jobs.models import FINISHED_STATUSES
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

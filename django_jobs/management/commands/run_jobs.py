@@ -11,10 +11,10 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_jobs.checks import known_queues, unknown_queue_patterns
 from django_jobs.conf import JobsSettings
-from django_jobs.runner.lifecycle import Lifecycle
-from django_jobs.runner.logs import configure_logging
-from django_jobs.runner.single import run_single_process
-from django_jobs.runner.supervisor import Supervisor, prune_stale
+from django_jobs.runtime.lifecycle import Lifecycle
+from django_jobs.runtime.logs import configure_logging
+from django_jobs.runtime.single import run_single_process
+from django_jobs.runtime.supervisor import Supervisor, prune_stale
 
 
 def positive_int(value: str) -> int:

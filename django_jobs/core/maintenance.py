@@ -1,0 +1,288 @@
+"""Periodic repairs: keys with blocked jobs reconciled, finished jobs and idle rate
+limits pruned.
+
+:func:`prune_finished_jobs` is the one way finished jobs leave the database: the
+dispatcher calls it (through :func:`clear_finished_jobs`, with
+``clear_finished_jobs_after``), and so does ``manage.py prune_jobs``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import connections, models, transaction
+from django.utils import timezone
+
+from django_jobs.core.admission import reconcile_key
+from django_jobs.db.deletion import delete_executions
+from django_jobs.models import (
+    FINISHED_STATUSES,
+    Batch,
+    BlockedExecution,
+    FailedExecution,
+    Job,
+    RateLimit,
+)
+
+# Jobs per transaction when pruning: each transaction locks at most this many rows of the
+# jobs table (and their failure rows), for a few milliseconds.
+PRUNE_BATCH_SIZE = 1000
+# Ids per DELETE statement (below SQLite's 999 parameters of old builds).
+DELETE_CHUNK = 500
+
+
+def reconcile_blocked_keys(db: str) -> int:
+    """Recount every key that has blocked jobs; promote as many as fit. Returns promoted."""
+    keys = (
+        BlockedExecution.objects.using(db)
+        .order_by("concurrency_key")
+        .values_list("concurrency_key", flat=True)
+        .distinct()
+    )
+    promoted = 0
+    for key in list(keys):
+        with transaction.atomic(using=db):
+            promoted += reconcile_key(db, key)
+    return promoted
+
+
+# A rate-limited key's row is kept this long after its last start at least (and for a
+# period after its last start or planned start, whichever is later).
+RATE_LIMIT_IDLE = timedelta(days=1)
+
+
+def prune_rate_limits(db: str, now: datetime | None = None) -> int:
+    """Delete the rows of rate-limited keys that have nothing left to remember.
+
+    A row is kept while any start or planned start is within its period, so
+    pruning never forgets a start that still counts or a plan still ahead. One
+    key per account would otherwise keep a row per account forever. A start
+    that finds its row pruned under it waits a second and recreates it
+    (claims.decide_rates).
+    """
+    now = now or timezone.now()
+    idle = RateLimit.objects.using(db).filter(updated_at__lt=now - RATE_LIMIT_IDLE)
+    stale = [
+        row.pk
+        for row in idle.only("pk", "period", "starts", "planned").iterator()
+        if max([0.0, *row.starts, *row.planned]) + row.period < now.timestamp()
+    ]
+    deleted = 0
+    for start in range(0, len(stale), DELETE_CHUNK):
+        chunk = stale[start : start + DELETE_CHUNK]
+        deleted += RateLimit.objects.using(db).filter(pk__in=chunk).delete()[0]
+    return deleted
+
+
+@dataclass
+class PruneCounts:
+    """What a prune deleted (or, in a dry run, would delete)."""
+
+    jobs: Counter[str] = field(default_factory=Counter)  # by status
+    failures: int = 0
+    batches: int = 0
+
+    @property
+    def total_jobs(self) -> int:
+        return sum(self.jobs.values())
+
+
+def prune_finished_jobs(
+    db: str,
+    cutoff: datetime,
+    *,
+    statuses: Iterable[str] = FINISHED_STATUSES,
+    batch_size: int = PRUNE_BATCH_SIZE,
+    batches: bool = True,
+    dry_run: bool = False,
+    on_batch: Callable[[PruneCounts], None] | None = None,
+    max_rounds: int | None = None,
+) -> PruneCounts:
+    """Delete jobs of ``statuses`` (finished ones only) that finished before ``cutoff``.
+
+    With them go their failure rows (one per failed attempt) and, if ``batches``,
+    the batches completed before ``cutoff`` whose callbacks have ended.
+
+    Each round is one short transaction: it locks up to ``batch_size`` such jobs
+    (``SKIP LOCKED``: a job an operator is retrying right now is left for the next
+    prune, and the prune never waits for it), deletes their failure rows, then the
+    jobs. The status is read under that lock, so a job retried a moment earlier
+    (ready again) is never deleted. A finished job has no ready, scheduled,
+    blocked or claimed row, so the hot execution tables are not touched at all.
+    ``on_batch`` is called after each commit with the running totals.
+    ``max_rounds`` caps the job transactions of this call (None: until none are
+    left), for a caller with other work to get back to; the rest waits for the
+    next call, and batches are then left for a call that finishes the jobs.
+
+    ``dry_run`` counts what would go and deletes nothing.
+    """
+    statuses = sorted(set(statuses))
+    unknown = set(statuses) - set(FINISHED_STATUSES)
+    if unknown:
+        raise ValueError(f"only finished jobs can be pruned, not {sorted(unknown)}")
+    counts = PruneCounts()
+    if dry_run:
+        return count_prunable(db, cutoff, statuses, batches=batches)
+    rounds = 0
+    while ids := prune_round(db, cutoff, statuses, batch_size, counts):
+        rounds += 1
+        if on_batch is not None:
+            on_batch(counts)
+        if len(ids) < batch_size:
+            break
+        if max_rounds is not None and rounds >= max_rounds:
+            return counts
+    if batches:
+        prune_batches(db, cutoff, batch_size, counts, on_batch)
+    return counts
+
+
+def prune_round(
+    db: str, cutoff: datetime, statuses: list[str], batch_size: int, counts: PruneCounts
+) -> list[int]:
+    """One transaction: lock, then delete, up to ``batch_size`` prunable jobs."""
+    with transaction.atomic(using=db):
+        rows = list(
+            Job.objects.using(db)
+            .select_for_update(skip_locked=True)
+            .filter(status__in=statuses, finished_at__lt=cutoff)
+            .values_list("pk", "status")[:batch_size]
+        )
+        ids = [pk for pk, _ in rows]
+        if not ids:
+            return []
+        counts.failures += delete_executions(db, FailedExecution, ids)
+        delete_by_pk(db, Job, ids)
+    counts.jobs.update(status for _, status in rows)
+    return ids
+
+
+def prune_batches(
+    db: str,
+    cutoff: datetime,
+    batch_size: int,
+    counts: PruneCounts,
+    on_batch: Callable[[PruneCounts], None] | None = None,
+) -> None:
+    """Delete batches completed before ``cutoff``, kept as long as their finished items.
+
+    Only finished batches go: an unfinished one is still counting its items down.
+    One whose callback job has not ended yet stays too, for the callback to read.
+    """
+    after = 0
+    while True:
+        rows = list(
+            Batch.objects.using(db)
+            .filter(finished_at__lt=cutoff, pk__gt=after)
+            .order_by("pk")
+            .values_list("pk", "callback_jobs")[:batch_size]
+        )
+        if not rows:
+            return
+        after = rows[-1][0]
+        ids = [pk for pk, _ in rows]
+        busy = busy_batches(db, rows)
+        deletable = [pk for pk in ids if pk not in busy]
+        if deletable:
+            # Jobs point at their batch without a database constraint (DO_NOTHING): no
+            # cascade, nothing else locked.
+            with transaction.atomic(using=db):
+                counts.batches += delete_by_pk(db, Batch, deletable)
+            if on_batch is not None:
+                on_batch(counts)
+        if len(rows) < batch_size:
+            return
+
+
+def busy_batches(db: str, rows: list[tuple[int, dict]]) -> set[int]:
+    """Batches (of ``rows``: pk, callback_jobs) with a callback job that has not ended."""
+    callbacks = {int(job_id): pk for pk, jobs in rows for job_id in (jobs or {}).values()}
+    if not callbacks:
+        return set()
+    running = (
+        Job.objects.using(db)
+        .filter(pk__in=list(callbacks))
+        .exclude(status__in=FINISHED_STATUSES)
+        .values_list("pk", flat=True)
+    )
+    return {callbacks[job_id] for job_id in running}
+
+
+def count_prunable(db: str, cutoff: datetime, statuses: list[str], *, batches: bool) -> PruneCounts:
+    """What :func:`prune_finished_jobs` would delete now, counted, not deleted."""
+    jobs = Job.objects.using(db).filter(status__in=statuses, finished_at__lt=cutoff)
+    counts = PruneCounts()
+    for status, n in (
+        jobs.values_list("status").annotate(n=models.Count("pk")).values_list("status", "n")
+    ):
+        counts.jobs[status] = n
+    counts.failures = (
+        FailedExecution.objects.using(db)
+        .filter(job__status__in=statuses, job__finished_at__lt=cutoff)
+        .count()
+    )
+    if batches:
+        rows = list(
+            Batch.objects.using(db)
+            .filter(finished_at__lt=cutoff)
+            .values_list("pk", "callback_jobs")
+        )
+        counts.batches = len(rows) - len(busy_batches(db, rows))
+    return counts
+
+
+def delete_by_pk(db: str, model: type[models.Model], ids: Collection[int]) -> int:
+    """Delete ``model`` rows by primary key, locking only those rows; no cascade.
+
+    Not ``QuerySet.delete()``: for a job it would first read every column of each
+    row, then run a ``DELETE ... IN`` on each execution table, where a finished job
+    has no row. On InnoDB a ``DELETE ... IN`` can scan and wait for rows that
+    workers hold (see :mod:`django_jobs.db.deletion`): there the ids are a derived
+    table joined first, so each row is reached by its primary key.
+    """
+    if not ids:
+        return 0
+    connection = connections[db]
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    pk = quote(model._meta.pk.column)
+    ordered = sorted(ids)
+    deleted = 0
+    with connection.cursor() as cursor:
+        for start in range(0, len(ordered), DELETE_CHUNK):
+            chunk = ordered[start : start + DELETE_CHUNK]
+            if connection.vendor == "mysql":
+                derived = " UNION ALL ".join(["SELECT %s AS id_"] * len(chunk))
+                sql = (
+                    f"DELETE rows_ FROM ({derived}) AS ids_ STRAIGHT_JOIN {table} AS rows_ "
+                    f"ON rows_.{pk} = ids_.id_"
+                )
+            else:
+                sql = f"DELETE FROM {table} WHERE {pk} IN ({', '.join(['%s'] * len(chunk))})"
+            cursor.execute(sql, chunk)
+            deleted += cursor.rowcount
+    return deleted
+
+
+def clear_finished_jobs(
+    db: str, older_than: float, batch_size: int = 500, max_rounds: int | None = 20
+) -> int:
+    """The dispatcher's prune: finished jobs older than ``older_than`` seconds.
+
+    At most ``max_rounds`` transactions of ``batch_size`` jobs per call (10,000 by
+    default): a first prune of a large backlog must not stall the dispatcher's
+    other work (promoting due jobs, recovering dead workers) for minutes; the rest
+    goes in the next maintenance rounds. Returns how many jobs were deleted.
+    """
+    cutoff = timezone.now() - timedelta(seconds=older_than)
+    return prune_finished_jobs(db, cutoff, batch_size=batch_size, max_rounds=max_rounds).total_jobs
+
+
+def clear_finished_batches(db: str, cutoff: datetime, batch_size: int = 500) -> int:
+    """Delete batches completed before ``cutoff`` (see :func:`prune_batches`)."""
+    counts = PruneCounts()
+    prune_batches(db, cutoff, batch_size, counts)
+    return counts.batches

@@ -1,0 +1,194 @@
+"""Rate limits per period: at most N starts of a key in any P seconds, across all workers.
+
+A rate is a sliding window, the strongest reading of "10 per minute": no
+interval of P seconds, wherever it begins, holds more than N recorded starts.
+
+The decision is taken where the attempt is counted, in the start transaction
+(``claims.start_jobs``), under the lock of the key's :class:`RateLimit` row, so
+two workers can never both take the window's last start, and the start time
+that is recorded (``Job.last_attempted_at``) is the time that was checked. A
+claim-time decision would count the claim and let the gap between claim and
+start put N + 1 real starts in a window.
+
+A job over the limit waits as a scheduled job, costing no attempt, until the
+time its start is *planned* for: each key keeps the last N planned start times
+(starts, and the times promised to waiting jobs), and the next waiting job is
+placed P seconds after the N-th last of them. A backlog of 10,000 jobs at 10
+per minute is therefore spread over 1,000 minutes at once, instead of every
+waiting job coming back at every opening to be turned away again. The plan is
+only a schedule: when a job comes due it is checked against the real starts
+again, and waits once more if a late start still fills the window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+
+from django_jobs.limits import MAX_SECONDS, is_number
+from django_jobs.models import RateLimit
+from django_jobs.tasks.rates import MAX_STARTS_PER_PERIOD, Rate
+
+# The shortest period a row's rate is taken to have: a zero or negative one (only a
+# hand-edited row has one) would make no start ever count against the next.
+MIN_PERIOD = 0.001
+
+
+@dataclass
+class Decision:
+    """What the start transaction does with one job of a rate-limited key."""
+
+    admitted: bool
+    at: float  # the start's recorded time if admitted, else when to try again
+
+
+def times(values: Any) -> list[float]:
+    """A row's list of times, keeping only the finite numbers.
+
+    The row is data: a string, a NaN or a ``1e308`` written into it (by hand, a
+    restore, a bug) must not raise in, or be planned by, every start of its key.
+    """
+    if not isinstance(values, list):
+        return []
+    return [t for t in map(finite, values) if t is not None]
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None (not a number, NaN, infinite, or an int
+    beyond a float's range)."""
+    if not is_number(value):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def usable_rate(rate: Rate) -> Rate:
+    """``rate`` as read from a job row, brought within what ``parse_rate`` accepts: a
+    declared rate always is, a row edited since may not be."""
+    limit = finite(rate.limit)
+    period = finite(rate.period)
+    return Rate(
+        1 if limit is None else int(min(max(limit, 1), MAX_STARTS_PER_PERIOD)),
+        1.0 if period is None else min(max(period, MIN_PERIOD), MAX_SECONDS),
+    )
+
+
+class Window:
+    """One key's starts and plan, read under its row lock and written back after."""
+
+    def __init__(self, row: RateLimit) -> None:
+        self.row = row
+        self.starts: list[float] = times(row.starts)
+        self.planned: list[float] = times(row.planned)
+
+    def decide(self, now: float, rate: Rate, reserved: float | None = None) -> Decision:
+        """:meth:`admit`, with every time it returns within a century of ``now``: the
+        caller makes a datetime of it, whatever the rows held."""
+        rate = usable_rate(rate)
+        horizon = now + MAX_SECONDS
+        # A time past the horizon was never written by a start (each is a "now" or a
+        # period after one): garbage that would push every later start past it.
+        self.starts = [t for t in self.starts if t <= horizon]
+        self.planned = [t for t in self.planned if t <= horizon]
+        if reserved is not None and not (math.isfinite(reserved) and reserved <= horizon):
+            reserved = None
+        decision = self.admit(now, rate, reserved)
+        decision.at = min(decision.at, horizon)
+        self.planned = [min(t, horizon) for t in self.planned]
+        return decision
+
+    def admit(self, now: float, rate: Rate, reserved: float | None) -> Decision:
+        """Admit one start at ``now``, or say when this job should come back.
+
+        ``reserved``: the planned time the job waited for (``Job.rate_reserved_at``);
+        it is checked against the real starts only, and once it starts its real
+        time replaces the planned one, so the times planned next allow for a
+        start that came late. A job without one also waits while the key has
+        planned times still ahead, so it queues behind them instead of taking
+        the slot a waiting job was promised.
+        """
+        if self.starts:
+            # Recorded times never go backwards, so a clock behind another
+            # worker's cannot slip a start in before the last one recorded.
+            now = max(now, self.starts[-1])
+        recent = [t for t in self.starts if t > now - rate.period]
+        full = len(recent) >= rate.limit
+        queued = reserved is None and bool(self.planned) and self.planned[-1] > now
+        if not full and not queued:
+            self.starts = [*recent, now][-rate.limit :]
+            planned = list(self.planned)
+            if reserved in planned:
+                planned.remove(reserved)
+            self.planned = sorted([*planned, now])[-rate.limit :]
+            self.row.limit, self.row.period = rate.limit, rate.period
+            return Decision(True, now)
+        opening = recent[len(recent) - rate.limit] + rate.period if full else now
+        if reserved is not None:
+            # Due, but an earlier start ran late and still fills the window: the
+            # next opening of the real starts, not the back of the queue.
+            return Decision(False, opening)
+        at = max(opening, self.planned[-1] if self.planned else now)
+        if len(self.planned) >= rate.limit:
+            at = max(at, self.planned[-rate.limit] + rate.period)
+        self.planned = [*self.planned, at][-rate.limit :]
+        return Decision(False, at)
+
+    def write_back(self) -> None:
+        self.row.starts = self.starts
+        self.row.planned = self.planned
+
+
+def ensure_rate_rows(db: str, keys: Iterable[str]) -> None:
+    """Create the missing rows of ``keys``, each in its own short statement.
+
+    Outside the start transaction on purpose: on InnoDB an ``INSERT IGNORE``
+    that meets an existing row takes a shared lock on it, and two transactions
+    each holding that shared lock and then asking for the exclusive one would
+    deadlock. Maintenance deletes only rows with no start or plan left within
+    their period (``maintenance.prune_rate_limits``); a start that finds its row
+    deleted in between waits a second (``claims.decide_rates``).
+    """
+    keys = set(keys)
+    existing = set(RateLimit.objects.using(db).filter(key__in=keys).values_list("key", flat=True))
+    missing = sorted(keys - existing)
+    if missing:
+        RateLimit.objects.using(db).bulk_create(
+            [RateLimit(key=key) for key in missing], ignore_conflicts=True
+        )
+
+
+def lock_rate_limits(db: str, keys: Iterable[str]) -> dict[str, Window]:
+    """Lock the rows of ``keys`` in ascending key order; their windows by key.
+
+    docs/design.md section 4's order, extended: a start locks its claimed rows, then
+    these, then (for a job sent back to wait) its semaphore. On PostgreSQL one
+    statement locks them in its sort order; on InnoDB one point lookup per key,
+    in Python's order, so a plan that scans cannot lock them in another order.
+    """
+    keys = sorted(set(keys))
+    rows = RateLimit.objects.using(db).select_for_update()
+    if connections[db].vendor == "postgresql":
+        locked = list(rows.filter(key__in=keys).order_by("key"))
+    else:
+        locked = [row for key in keys for row in rows.filter(key=key)]
+    return {row.key: Window(row) for row in locked}
+
+
+def save_windows(db: str, windows: Iterable[Window], now: datetime) -> None:
+    rows = []
+    for window in windows:
+        window.write_back()
+        window.row.updated_at = now
+        rows.append(window.row)
+    if rows:
+        RateLimit.objects.using(db).bulk_update(
+            rows, ["starts", "planned", "limit", "period", "updated_at"]
+        )

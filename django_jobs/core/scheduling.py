@@ -1,0 +1,31 @@
+"""Moving due scheduled jobs (``run_after``, retry backoff) into admission."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from django_jobs.core.admission import admit_jobs
+from django_jobs.models import Job, ScheduledExecution
+
+
+def promote_due_jobs(db: str, batch_size: int) -> int:
+    """Admit up to ``batch_size`` due scheduled jobs; returns how many were moved.
+
+    Rows are taken with SKIP LOCKED so several dispatchers share the work, and
+    each batch is one transaction, so a crash leaves every row where it was.
+    """
+    with transaction.atomic(using=db):
+        due_ids = list(
+            ScheduledExecution.objects.using(db)
+            .select_for_update(skip_locked=True)
+            .filter(scheduled_at__lte=timezone.now())
+            .order_by("scheduled_at", "-priority", "job_id")
+            .values_list("job_id", flat=True)[:batch_size]
+        )
+        if not due_ids:
+            return 0
+        ScheduledExecution.objects.using(db).filter(job_id__in=due_ids).delete()
+        jobs = list(Job.objects.using(db).filter(pk__in=due_ids))
+        admit_jobs(db, jobs)
+    return len(due_ids)

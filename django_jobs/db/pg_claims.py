@@ -1,0 +1,334 @@
+"""Claiming, starting and finishing on PostgreSQL in one statement each.
+
+Through the ORM a claim is BEGIN, a locking SELECT, a read of the jobs, the
+claimed rows' INSERT, the ready rows' DELETE, the jobs' UPDATE and COMMIT:
+seven round trips before a job can start, and starting it is five more. Here a
+worker's claim starts the jobs too (one statement for both) unless their start
+needs a decision of its own. On
+PostgreSQL data-modifying CTEs do each in one statement, atomic in autocommit,
+with the same locks in the same order (ready rows with ``SKIP LOCKED``, then
+the jobs; for a start, this process's claimed rows, then the jobs), so the
+guarantees of ``claims.claim_jobs`` and ``claims.start_jobs`` hold unchanged.
+Queue caps (``max_concurrency``) keep the ORM path: they lock a cap row first.
+A finish is one statement for jobs with no batch (a batch's row needs the ORM
+path); with concurrency keys it runs in the transaction that then frees their
+slots (``pg_admission``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Collection
+from datetime import datetime
+
+from django.db import connections
+from django.db.models import Q
+
+from django_jobs.db.notify import jobs_ready
+from django_jobs.db.pg_admission import lock_statement, recount_params, recount_statement
+from django_jobs.limits import MAX_SECONDS
+from django_jobs.models import (
+    ClaimedExecution,
+    Job,
+    JobStatus,
+    Pause,
+    ReadyExecution,
+    UniqueUntil,
+)
+
+try:
+    from psycopg import ClientCursor
+except ImportError:  # psycopg2, or no PostgreSQL driver installed at all
+    ClientCursor = None
+
+
+def claim_matching(
+    db: str,
+    process_id: int,
+    condition: Q,
+    limit: int,
+    now: datetime,
+    worker_id: str | None = None,
+) -> list[Job]:
+    """Claim up to ``limit`` ready jobs matching ``condition`` in unpaused queues;
+    return them, claimed.
+
+    With ``worker_id`` the claim is also the start of every job it can be: the
+    attempt is counted in the same UPDATE (``RUNNING``, as ``start_held`` would
+    write it), which saves the start's round trip and a second new version of
+    each job row. A job whose start needs a decision under another lock (a rate
+    limit) or that lets go of a unique key as it starts (``unique_until="start"``,
+    which a hand-back could not take back) is only claimed (``CLAIMED``) and
+    started by ``claims.start_jobs``. A worker that ends up not running a job it
+    started this way hands it back with the start undone (``claims.undo_start``).
+    """
+    sql, picked_params = claim_statement(db, condition, limit, worker_id is not None)
+    if worker_id is None:
+        moved_params: list[object] = [JobStatus.CLAIMED]
+    else:
+        start = UniqueUntil.START
+        moved_params = [
+            start,
+            JobStatus.RUNNING,
+            JobStatus.CLAIMED,
+            start,
+            start,
+            json.dumps([worker_id]),
+            start,
+            now,
+            start,
+            now,
+        ]
+    params = [*picked_params, *moved_params, process_id, now, now]
+    connection = connections[db]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    jobs = [job_from_row(db, connection, row) for row in rows]
+    jobs.sort(key=lambda job: (-job.priority, job.pk))
+    return jobs
+
+
+@functools.lru_cache(maxsize=256)
+def claim_statement(
+    db: str, condition: Q, limit: int, starts: bool
+) -> tuple[str, tuple[object, ...]]:
+    """The claim's SQL and the parameters of its ``picked`` part, built once per
+    pattern, batch size and mode: compiling the queryset on every claim cost more
+    than the statement's execution (a claim is what bounds a worker's rate)."""
+    connection = connections[db]
+    paused = Pause.objects.using(db).values("queue_name")
+    picked = (
+        ReadyExecution.objects.using(db)
+        .filter(condition)
+        .exclude(queue_name__in=paused)
+        .order_by("-priority", "job_id")
+        .values("job_id")[:limit]
+    )
+    picked_sql, picked_params = picked.query.get_compiler(using=db).as_sql()
+    # Added here: Django refuses to compile a locking read outside a transaction, and
+    # this statement is its own transaction.
+    picked_sql += " FOR UPDATE SKIP LOCKED"
+    quote = connection.ops.quote_name
+    job, ready, claimed = (
+        quote(model._meta.db_table) for model in (Job, ReadyExecution, ClaimedExecution)
+    )
+    columns = ", ".join(f"{job}.{quote(f.column)}" for f in Job._meta.concrete_fields)
+    if not starts:
+        moved = f"UPDATE {job} SET status = %s "
+    else:
+        starting = f"({job}.rate_key IS NULL AND {job}.unique_until IS DISTINCT FROM %s)"
+        moved = (
+            f"UPDATE {job} SET "
+            f"status = CASE WHEN {starting} THEN %s ELSE %s END, "
+            f"attempts = attempts + CASE WHEN {starting} THEN 1 ELSE 0 END, "
+            f"worker_ids = CASE WHEN {starting} "
+            f"THEN COALESCE(worker_ids, '[]'::jsonb) || %s::jsonb ELSE worker_ids END, "
+            f"started_at = CASE WHEN {starting} THEN COALESCE(started_at, %s) "
+            f"ELSE started_at END, "
+            f"last_attempted_at = CASE WHEN {starting} THEN %s ELSE last_attempted_at END "
+        )
+    sql = (
+        f"WITH picked AS ({picked_sql}), "
+        f"taken AS (DELETE FROM {ready} WHERE job_id IN (SELECT job_id FROM picked) "
+        f"RETURNING job_id), "
+        f"moved AS ({moved}FROM taken WHERE {job}.id = taken.job_id "
+        f"RETURNING {columns}), "
+        f"held AS (INSERT INTO {claimed} (job_id, process_id, queue_name, concurrency_key, "
+        f"lease_expires_at, batch_id, created_at) "
+        f"SELECT id, %s, queue_name, concurrency_key, "
+        f"CASE WHEN concurrency_key IS NOT NULL AND concurrency_duration IS NOT NULL "
+        # Bounded as limits.later() bounds it: a row's infinite or negative duration
+        # must not make the claim, every worker's, fail with "interval out of range".
+        f"THEN %s + GREATEST(0, LEAST(concurrency_duration, {MAX_SECONDS})) "
+        f"* interval '1 second' END, batch_id, %s FROM moved) "
+        f"SELECT * FROM moved"
+    )
+    return sql, tuple(picked_params)
+
+
+@functools.cache
+def job_columns(db: str) -> tuple[tuple[str, ...], tuple[tuple[int, list], ...]]:
+    """``Job``'s attribute names in column order, and the converters of the columns
+    that have any (JSON fields parse their text), as a model query would apply them."""
+    connection = connections[db]
+    fields = Job._meta.concrete_fields
+    converters = tuple(
+        (index, [*connection.ops.get_db_converters(field), *field.get_db_converters(connection)])
+        for index, field in enumerate(fields)
+    )
+    return (
+        tuple(field.attname for field in fields),
+        tuple((index, found) for index, found in converters if found),
+    )
+
+
+def job_from_row(db: str, connection, row: tuple) -> Job:
+    """A ``Job`` from a row of all its columns, as ``Job.objects`` would build it."""
+    names, converters = job_columns(db)
+    values = list(row)
+    for index, functions in converters:
+        field = Job._meta.concrete_fields[index]
+        for convert in functions:
+            values[index] = convert(values[index], field, connection)
+    return Job.from_db(db, names, values)
+
+
+def start_held(
+    db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
+) -> dict[int, tuple]:
+    """Count an attempt for each job whose claim this process holds (locked first).
+
+    Returns ``{job id: (attempts, worker_ids, started_at, last_attempted_at)}`` as
+    written. A claim gone (recovered, pruned) leaves its job out: the locking
+    subquery skips a row deleted while it waited.
+    """
+    connection = connections[db]
+    quote = connection.ops.quote_name
+    job, claimed = quote(Job._meta.db_table), quote(ClaimedExecution._meta.db_table)
+    sql = (
+        f"UPDATE {job} SET status = %s, attempts = attempts + 1, "
+        f"worker_ids = COALESCE(worker_ids, '[]'::jsonb) || %s::jsonb, "
+        f"started_at = COALESCE(started_at, %s), last_attempted_at = %s, "
+        f"unique_lock = CASE WHEN unique_until = %s THEN NULL ELSE unique_lock END "
+        f"WHERE id IN (SELECT job_id FROM {claimed} WHERE process_id = %s "
+        f"AND job_id = ANY(%s) ORDER BY job_id FOR UPDATE) "
+        f"RETURNING id, attempts, worker_ids, started_at, last_attempted_at"
+    )
+    params = [
+        JobStatus.RUNNING,
+        json.dumps([worker_id]),
+        now,
+        now,
+        UniqueUntil.START,
+        process_id,
+        list(job_ids),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return {
+        pk: (
+            attempts,
+            json.loads(worker_ids) if isinstance(worker_ids, str) else worker_ids,
+            started_at,
+            last_attempted_at,
+        )
+        for pk, attempts, worker_ids, started_at, last_attempted_at in rows
+    }
+
+
+def finish_unbatched(
+    db: str,
+    process_id: int,
+    return_values: dict[int, object],
+    now: datetime,
+    *,
+    keyed: bool = False,
+) -> dict[int, str | None]:
+    """Record the success of the jobs of ``return_values`` that have no batch (and,
+    unless ``keyed``, no concurrency key) and whose claim this process holds.
+
+    Returns ``{job id: its concurrency key or None}`` for those finished. One
+    statement with ``claims.finish_jobs``'s locks in its order: this process's
+    claimed rows (``FOR UPDATE``; one deleted meanwhile by a recovery is skipped:
+    exactly once), then their jobs. Through the ORM the same finish is BEGIN, the
+    locking SELECT, the DELETE, the UPDATE, the return values' UPDATE and COMMIT.
+
+    Without ``keyed`` it is a transaction of its own (autocommit). With it, the
+    caller runs it inside the transaction that then frees the returned keys'
+    slots (``admission.release_slots``), after these claims' locks (docs/design.md
+    section 4). The others are left to the caller.
+    """
+    params = finish_params(process_id, return_values, now)
+    with connections[db].cursor() as cursor:
+        cursor.execute(finish_statement(db, "any" if keyed else "none"), params)
+        return dict(cursor.fetchall())
+
+
+def finish_keyed(
+    db: str,
+    process_id: int,
+    return_values: dict[int, object],
+    keys: Collection[str],
+    now: datetime,
+) -> dict[int, str] | None:
+    """:func:`finish_unbatched` for jobs with a concurrency key, and the release of
+    their slots, in one message to the server: three statements that it runs as
+    one transaction (the simple query protocol's implicit transaction block).
+
+    ``keys``: the jobs' keys, as the caller read them with the jobs. Only claims of
+    those keys are finished, so every key a finish frees is one whose semaphore
+    the second statement locks (ascending, after the claims: docs/design.md section
+    4) and the third recounts. Each statement takes its own snapshot, so the
+    recount sees every holder committed before the locks were granted, as
+    ``admission.release_slots`` requires. A key locked for a job whose claim was
+    gone is recounted for nothing, which changes nothing. An error in any of
+    the three rolls all three back.
+
+    One round trip where BEGIN, the finish, the lock, the recount and COMMIT
+    take five. Returns None, having done nothing, when the connection binds
+    parameters on the server (``OPTIONS["server_side_binding"]``): a prepared
+    statement is one statement, and the caller takes the transactional path.
+    """
+    connection = connections[db]
+    params = {
+        **finish_params(process_id, return_values, now),
+        **recount_params(sorted(set(keys)), now),
+    }
+    sql = ";\n".join((finish_statement(db, "listed"), lock_statement(db), recount_statement(db)))
+    with connection.cursor() as cursor:
+        if ClientCursor is None or not isinstance(cursor.cursor, ClientCursor):
+            return None
+        cursor.execute(sql, params)
+        finished = dict(cursor.fetchall())
+        cursor.nextset()  # the semaphores' lock: nothing to read
+        cursor.nextset()
+        queues = [row[0] for row in cursor.fetchall()]
+    if queues:
+        jobs_ready(db, queues)
+    return finished
+
+
+def finish_params(
+    process_id: int, return_values: dict[int, object], now: datetime
+) -> dict[str, object]:
+    encoder = Job._meta.get_field("return_value").encoder
+    return {
+        "process": process_id,
+        "ids": list(return_values),
+        "values": [
+            None if value is None else json.dumps(value, cls=encoder)
+            for value in return_values.values()
+        ],
+        "succeeded": JobStatus.SUCCEEDED,
+        "now": now,
+    }
+
+
+@functools.cache
+def finish_statement(db: str, keys: str) -> str:
+    """The finish of :func:`finish_unbatched`. ``keys``: which claims it may finish
+    beside those without a key: "none", "any", or "listed" (those of ``%(keys)s``)."""
+    connection = connections[db]
+    quote = connection.ops.quote_name
+    job, claimed = quote(Job._meta.db_table), quote(ClaimedExecution._meta.db_table)
+    which = {
+        "none": "AND concurrency_key IS NULL ",
+        "any": "",
+        "listed": "AND concurrency_key = ANY(%(keys)s) ",
+    }[keys]
+    return (
+        f"WITH held AS (SELECT job_id FROM {claimed} WHERE process_id = %(process)s "
+        f"AND job_id = ANY(%(ids)s) {which}AND batch_id IS NULL "
+        f"ORDER BY job_id FOR UPDATE), "
+        f"gone AS (DELETE FROM {claimed} AS c USING held WHERE c.job_id = held.job_id "
+        f"RETURNING c.job_id, c.concurrency_key), "
+        f"outcome AS (SELECT * FROM UNNEST(%(ids)s::bigint[], %(values)s::text[]) "
+        f"AS v(job_id, value)) "
+        f"UPDATE {job} SET status = %(succeeded)s, finished_at = %(now)s, unique_lock = NULL, "
+        f"return_value = outcome.value::jsonb "
+        f"FROM gone JOIN outcome ON outcome.job_id = gone.job_id "
+        f"WHERE {job}.id = gone.job_id RETURNING {job}.id, gone.concurrency_key"
+    )

@@ -1,0 +1,441 @@
+"""What an operator asks of the queue: counts, blocked keys, stuck jobs, live processes,
+and the progress of running jobs.
+
+Shared by ``manage.py jobs`` (and meant for the admin): every query reads the
+small execution tables or an index range of ``Job`` (finished in the last
+hour), never the whole job history.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Min
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from django_jobs.conf import JobsSettings
+from django_jobs.core.progress import from_row
+from django_jobs.core.queues import QueueSelector
+from django_jobs.models import (
+    BlockedExecution,
+    ClaimedExecution,
+    Job,
+    JobStatus,
+    Pause,
+    Process,
+    ReadyExecution,
+    ScheduledExecution,
+    Semaphore,
+)
+
+STATES = ("ready", "scheduled", "blocked", "running", "failed_last_hour", "finished_last_hour")
+STUCK_SAMPLE = 50
+# Keys per IN (...) list: well under every backend's limit on query parameters.
+KEY_CHUNK = 500
+# Keys with blocked jobs that a snapshot (and the stuck page) reads, in the grouped
+# query's LIMIT: a backlog of a million keys costs what 500 do. Past it they are counted,
+# up to COUNT_CAP, not read.
+KEYS_READ = KEY_CHUNK
+COUNT_CAP = 10_000
+
+
+@dataclass
+class BlockedKey:
+    key: str
+    limit: int | None
+    free: int | None
+    holders: int
+    blocked: int
+    oldest_blocked_at: datetime | None
+    lease_expires_at: datetime | None = None
+
+
+@dataclass
+class ProcessInfo:
+    id: int
+    kind: str
+    name: str
+    hostname: str
+    pid: int
+    last_heartbeat_at: datetime
+    alive: bool
+    running_jobs: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RunningProgress:
+    """A running job that has reported progress (``django_jobs.set_progress``)."""
+
+    job_id: int
+    task_path: str
+    queue_name: str
+    done: float
+    total: float | None
+    fraction: float | None
+    message: str
+    updated_at: datetime
+
+
+@dataclass
+class Snapshot:
+    taken_at: datetime
+    queues: dict[str, dict[str, int]]
+    paused: list[str]
+    blocked_keys: list[BlockedKey]
+    stuck: dict[str, list[int]]
+    processes: list[ProcessInfo]
+    progress: list[RunningProgress] = field(default_factory=list)
+    # How many keys have blocked jobs: ``blocked_keys`` holds the first KEYS_READ of them
+    # (by name); counted up to COUNT_CAP + 1, which means "more than COUNT_CAP".
+    blocked_key_count: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        def encode(value: Any) -> Any:
+            if isinstance(value, datetime):
+                return value.isoformat()
+            if isinstance(value, dict):
+                return {k: encode(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [encode(v) for v in value]
+            return value
+
+        return encode(asdict(self))
+
+
+def queue_counts(db: str, now: datetime) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(STATES, 0))
+    tables = (
+        ("ready", ReadyExecution),
+        ("scheduled", ScheduledExecution),
+        ("blocked", BlockedExecution),
+        ("running", ClaimedExecution),
+    )
+    for state, table in tables:
+        rows = table.objects.using(db).values_list("queue_name").annotate(n=Count("pk"))
+        for queue, n in rows.values_list("queue_name", "n"):
+            counts[queue][state] = n
+    hour_ago = now - timedelta(hours=1)
+    finished = (
+        Job.objects.using(db)
+        .filter(
+            status__in=(JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DISCARDED),
+            finished_at__gte=hour_ago,
+        )
+        .values_list("queue_name", "status")
+        .annotate(n=Count("pk"))
+        .values_list("queue_name", "status", "n")
+    )
+    for queue, status, n in finished:
+        counts[queue]["finished_last_hour"] += n
+        if status == JobStatus.FAILED:
+            counts[queue]["failed_last_hour"] += n
+    return {queue: counts[queue] for queue in sorted(counts)}
+
+
+def blocked_keys(
+    db: str, now: datetime, keys: list[str] | None = None, limit: int | None = None
+) -> list[BlockedKey]:
+    """The keys with blocked jobs (only ``keys``, or the first ``limit`` by name): each
+    one's limit, holders and waiters.
+
+    A fixed number of grouped queries per chunk of keys, not a few per key; ``limit`` is
+    the grouped query's LIMIT, read in the key index's order.
+    """
+    rows = BlockedExecution.objects.using(db)
+    if keys is not None:
+        rows = rows.filter(concurrency_key__in=keys)
+    grouped = (
+        rows.values("concurrency_key")
+        .annotate(n=Count("pk"), oldest=Min("created_at"))
+        .order_by("concurrency_key")
+    )
+    groups = list(grouped if limit is None else grouped[:limit])
+    result = []
+    for start in range(0, len(groups), KEY_CHUNK):
+        chunk = groups[start : start + KEY_CHUNK]
+        names = [group["concurrency_key"] for group in chunk]
+        semaphores = {
+            key: (limit, value)
+            for key, limit, value in Semaphore.objects.using(db)
+            .filter(key__in=names)
+            .values_list("key", "limit", "value")
+        }
+        ready = count_by_key(ReadyExecution.objects.using(db).filter(concurrency_key__in=names))
+        claims = ClaimedExecution.objects.using(db).filter(concurrency_key__in=names)
+        live = count_by_key(claims.exclude(lease_expires_at__lt=now))
+        leases = dict(
+            claims.exclude(lease_expires_at=None)
+            .values_list("concurrency_key")
+            .annotate(first=Min("lease_expires_at"))
+            .values_list("concurrency_key", "first")
+        )
+        for group in chunk:
+            key = group["concurrency_key"]
+            limit, free = semaphores.get(key, (None, None))
+            result.append(
+                BlockedKey(
+                    key=key,
+                    limit=limit,
+                    free=free,
+                    holders=ready.get(key, 0) + live.get(key, 0),
+                    blocked=group["n"],
+                    oldest_blocked_at=group["oldest"],
+                    lease_expires_at=leases.get(key),
+                )
+            )
+    return result
+
+
+def blocked_key_count(db: str, cap: int = COUNT_CAP) -> int:
+    """How many keys have blocked jobs, counted up to ``cap + 1`` (a ``LIMIT`` in the
+    subquery): past the cap the answer is "more than ``cap``"."""
+    keys = BlockedExecution.objects.using(db).values("concurrency_key").distinct()
+    return keys.order_by()[: cap + 1].count()
+
+
+def first_blocked_keys(db: str, now: datetime) -> tuple[list[BlockedKey], int]:
+    """The first ``KEYS_READ`` keys with blocked jobs (by name), and how many there are
+    (counted only when there are more, up to ``COUNT_CAP + 1``)."""
+    keys = blocked_keys(db, now, limit=KEYS_READ)
+    return keys, blocked_key_count(db) if len(keys) >= KEYS_READ else len(keys)
+
+
+def count_by_key(rows) -> dict[str, int]:
+    grouped = rows.values_list("concurrency_key").annotate(n=Count("pk"))
+    return dict(grouped.values_list("concurrency_key", "n"))
+
+
+def processes(db: str, now: datetime, conf: JobsSettings) -> list[ProcessInfo]:
+    running: dict[int, list[int]] = defaultdict(list)
+    for job_id, process_id in ClaimedExecution.objects.using(db).values_list(
+        "job_id", "process_id"
+    ):
+        running[process_id].append(job_id)
+    cutoff = now - timedelta(seconds=conf.alive_threshold)
+    return [
+        ProcessInfo(
+            id=p.pk,
+            kind=p.kind,
+            name=p.name,
+            hostname=p.hostname,
+            pid=p.pid,
+            last_heartbeat_at=p.last_heartbeat_at,
+            alive=p.last_heartbeat_at >= cutoff,
+            running_jobs=sorted(running.get(p.pk, [])),
+        )
+        for p in Process.objects.using(db).order_by("kind", "pk")
+    ]
+
+
+def stuck_jobs(
+    db: str, now: datetime, conf: JobsSettings, live: list[ProcessInfo], keys: list[BlockedKey]
+) -> dict[str, list[int]]:
+    """Job ids (at most ``STUCK_SAMPLE`` of each kind) for every way a job can be stuck.
+
+    Jobs blocked behind a free slot are looked for among ``keys`` only (a snapshot's
+    first KEYS_READ)."""
+    alive_ids = [p.id for p in live if p.alive]
+    dead_claims = (
+        ClaimedExecution.objects.using(db)
+        .exclude(process_id__in=alive_ids)
+        .order_by("job_id")
+        .values_list("job_id", flat=True)[:STUCK_SAMPLE]
+    )
+    free_keys = [k.key for k in keys if k.limit is not None and k.holders < k.limit]
+    behind_free_slot: list[int] = []
+    for start in range(0, len(free_keys), KEY_CHUNK):
+        behind_free_slot += (
+            BlockedExecution.objects.using(db)
+            .filter(concurrency_key__in=free_keys[start : start + KEY_CHUNK])
+            .order_by("job_id")
+            .values_list("job_id", flat=True)[: STUCK_SAMPLE - len(behind_free_slot)]
+        )
+        if len(behind_free_slot) >= STUCK_SAMPLE:
+            break
+    served = [
+        QueueSelector(tuple(metadata["queues"]))
+        for metadata in Process.objects.using(db)
+        .filter(pk__in=[p.id for p in live if p.alive and p.kind == Process.Kind.WORKER])
+        .values_list("metadata", flat=True)
+        if metadata and metadata.get("queues")
+    ]
+    paused = set(Pause.objects.using(db).values_list("queue_name", flat=True))
+    ready_queues = ReadyExecution.objects.using(db).values_list("queue_name", flat=True).distinct()
+    unserved = sorted(
+        q for q in ready_queues if q not in paused and not any(s.matches(q) for s in served)
+    )
+    unserved_jobs = (
+        ReadyExecution.objects.using(db)
+        .filter(queue_name__in=unserved)
+        .order_by("job_id")
+        .values_list("job_id", flat=True)[:STUCK_SAMPLE]
+    )
+    overdue_after = max(300.0, conf.dispatcher_interval * 10)
+    overdue = (
+        ScheduledExecution.objects.using(db)
+        .filter(scheduled_at__lt=now - timedelta(seconds=overdue_after))
+        .order_by("scheduled_at")
+        .values_list("job_id", flat=True)[:STUCK_SAMPLE]
+    )
+    return {
+        "claimed_by_dead_process": list(dead_claims),
+        "blocked_behind_free_slot": behind_free_slot,
+        "ready_in_unserved_queue": list(unserved_jobs),
+        "scheduled_long_past_due": list(overdue),
+        "running_far_too_long": running_too_long(db, now),
+    }
+
+
+def running_too_long(db: str, now: datetime, factor: float = 5.0) -> list[int]:
+    """Running jobs past ``factor`` times their task's usual (median recent) duration."""
+    running = list(
+        Job.objects.using(db)
+        .filter(status=JobStatus.RUNNING)
+        .order_by("last_attempted_at")
+        .values_list("pk", "task_path", "last_attempted_at")[:500]
+    )
+    usual: dict[str, float | None] = {}
+    late = []
+    for pk, task_path, began in running:
+        if task_path not in usual:
+            recent = (
+                Job.objects.using(db)
+                .filter(status=JobStatus.SUCCEEDED, task_path=task_path)
+                .order_by("-finished_at")
+                .values_list("last_attempted_at", "finished_at")[:50]
+            )
+            durations = sorted(
+                (end - start).total_seconds() for start, end in recent if start and end
+            )
+            usual[task_path] = durations[len(durations) // 2] if len(durations) >= 5 else None
+        median = usual[task_path]
+        if (
+            median is not None
+            and began
+            and (now - began).total_seconds() > max(1.0, median * factor)
+        ):
+            late.append(pk)
+    return late[:STUCK_SAMPLE]
+
+
+def running_progress(db: str, limit: int = STUCK_SAMPLE) -> list[RunningProgress]:
+    """Running jobs that have reported progress, at most ``limit``, oldest job first.
+
+    Reads the running jobs through the ``(status, finished_at)`` index: as many rows
+    as jobs run now, never the history.
+    """
+    rows = (
+        Job.objects.using(db)
+        .filter(status=JobStatus.RUNNING, progress_at__isnull=False)
+        .order_by("pk")
+        .values_list(
+            "pk",
+            "task_path",
+            "queue_name",
+            "progress_done",
+            "progress_total",
+            "progress_message",
+            "progress_at",
+        )[:limit]
+    )
+    result = []
+    for pk, task_path, queue_name, *columns in rows:
+        reported = from_row(*columns)
+        if reported is not None:
+            result.append(
+                RunningProgress(
+                    job_id=pk,
+                    task_path=task_path,
+                    queue_name=queue_name,
+                    done=reported.done,
+                    total=reported.total,
+                    fraction=reported.fraction,
+                    message=reported.message,
+                    updated_at=reported.updated_at,
+                )
+            )
+    return result
+
+
+def snapshot(conf: JobsSettings | None = None) -> Snapshot:
+    conf = conf or JobsSettings.load()
+    db = conf.database
+    now = timezone.now()
+    keys, key_count = first_blocked_keys(db, now)
+    procs = processes(db, now, conf)
+    return Snapshot(
+        taken_at=now,
+        queues=queue_counts(db, now),
+        paused=sorted(Pause.objects.using(db).values_list("queue_name", flat=True)),
+        blocked_keys=keys,
+        stuck=stuck_jobs(db, now, conf, procs, keys),
+        processes=procs,
+        progress=running_progress(db),
+        blocked_key_count=key_count,
+    )
+
+
+@dataclass
+class Holder:
+    """A job counted against its key's limit: ready (admitted, not yet claimed) or claimed."""
+
+    job_id: int
+    state: str
+    since: datetime
+    process_id: int | None = None
+    lease_expires_at: datetime | None = None
+
+
+def key_holders(db: str, key: str, limit: int = STUCK_SAMPLE) -> list[Holder]:
+    """The jobs holding ``key``'s slots, claimed ones first (read through the key indexes)."""
+    claimed = (
+        ClaimedExecution.objects.using(db)
+        .filter(concurrency_key=key)
+        .order_by("created_at")
+        .values_list("job_id", "created_at", "process_id", "lease_expires_at")[:limit]
+    )
+    holders = [
+        Holder(job_id, "claimed", since, process_id, lease)
+        for job_id, since, process_id, lease in claimed
+    ]
+    ready = (
+        ReadyExecution.objects.using(db)
+        .filter(concurrency_key=key)
+        .order_by("created_at")
+        .values_list("job_id", "created_at")[: max(0, limit - len(holders))]
+    )
+    holders += [Holder(job_id, "ready", since) for job_id, since in ready]
+    return holders
+
+
+def finished_per_minute(db: str, now: datetime, minutes: int = 60) -> list[dict[str, Any]]:
+    """Succeeded and failed jobs per minute over the last ``minutes``, oldest first.
+
+    Reads the ``(status, finished_at)`` index range of the last hour only, and
+    counts in the database, so its cost follows the hour's throughput, not the
+    table's size.
+    """
+    end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    start = end - timedelta(minutes=minutes)
+    buckets = {start + timedelta(minutes=i): {"succeeded": 0, "failed": 0} for i in range(minutes)}
+    rows = (
+        Job.objects.using(db)
+        .filter(status__in=(JobStatus.SUCCEEDED, JobStatus.FAILED), finished_at__gte=start)
+        # Minutes in UTC: the same minutes as in any zone with whole-minute offsets, and
+        # MariaDB/MySQL need no time-zone tables for it (a named zone made the dashboard
+        # answer 500 where they are not loaded).
+        .annotate(minute=TruncMinute("finished_at", tzinfo=UTC))
+        .values_list("minute", "status")
+        .annotate(n=Count("pk"))
+        .values_list("minute", "status", "n")
+        .order_by()
+    )
+    for minute, status, n in rows:
+        bucket = buckets.get(minute)
+        if bucket is not None:
+            bucket[str(status)] += n
+    return [{"minute": minute, **counts} for minute, counts in buckets.items()]

@@ -1,0 +1,377 @@
+"""The worker loop: claim as many jobs as there are idle threads, run them, repeat."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from django.db import close_old_connections
+from django.db.models import Q
+
+from django_jobs.conf import JobsSettings
+from django_jobs.core.claims import claim_jobs, release_job
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.scheduling import promote_due_jobs
+from django_jobs.db.retry import DB_ERRORS, Backoff, reset_connection
+from django_jobs.exceptions import TaskNotFound
+from django_jobs.models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution
+from django_jobs.runtime.completer import Completer
+from django_jobs.runtime.context import ExecutionContext, persist
+from django_jobs.runtime.executor import execute_job, start_claimed
+from django_jobs.runtime.lifecycle import Lifecycle
+from django_jobs.runtime.listener import start_listener
+from django_jobs.runtime.recycling import RecyclePolicy
+from django_jobs.runtime.watchdog import Watchdog
+from django_jobs.tasks.loading import load_task
+from django_jobs.text import jobs_logger
+
+logger = jobs_logger("django_jobs.worker")
+
+
+def importable(job: Job) -> bool:
+    try:
+        load_task(job.task_path)
+    except TaskNotFound:
+        return False
+    return True
+
+
+class Worker:
+    """One pool of threads fed from ``ReadyExecution``.
+
+    It never claims more jobs than it has idle threads, so a claimed job starts
+    at once; nothing sits claimed behind a busy thread, invisible to others.
+    """
+
+    def __init__(
+        self,
+        conf: JobsSettings,
+        process_id: int,
+        worker_id: str,
+        lifecycle: Lifecycle,
+        *,
+        once: bool = False,
+        recycle: bool = False,
+    ) -> None:
+        self.conf = conf
+        self.db = conf.database
+        self.process_id = process_id
+        self.selector = QueueSelector(conf.queues)
+        self.lifecycle = lifecycle
+        self.once = once
+        self.ctx = ExecutionContext(
+            db=self.db,
+            process_id=process_id,
+            worker_id=worker_id,
+            lifecycle=lifecycle,
+            db_retry_max_delay=conf.db_retry_max_delay,
+            max_result_size=conf.max_result_size,
+            max_error_size=conf.max_error_size,
+        )
+        self.completer = Completer(self.ctx, on_written=lifecycle.wake.set)
+        self.ctx.completer = self.completer
+        self.watchdog = Watchdog(
+            self.db,
+            conf.interrupt_grace,
+            lifecycle.request_abandon,
+            poll_interval=conf.cancel_poll_interval,
+        )
+        self.ctx.watchdog = self.watchdog
+        self.lock = threading.Lock()
+        self.running: dict[int, Job] = {}
+        self.pool = ThreadPoolExecutor(conf.threads, thread_name_prefix="django-jobs-worker")
+        # Jobs still running when shutdown gave up on them (an immediate stop, a body
+        # the interrupt did not end): their threads cannot be killed, so the process
+        # must exit without joining them.
+        self.abandoned = 0
+        # A claim whose COMMIT lost its connection may have gone through anyway.
+        self.claims_in_doubt = False
+        # Only a supervisor's worker process is recycled: it has someone to replace it.
+        self.recycle = (
+            RecyclePolicy(conf.max_jobs_per_child, conf.max_memory_per_child) if recycle else None
+        )
+
+    def idle_threads(self) -> int:
+        """How many jobs to claim now: free threads, within the bound on unwritten successes.
+
+        A thread hands its success to the completer and is free at once. Claiming
+        for it with no limit let the completer's backlog grow without bound under
+        load (156 completed jobs failed by one SIGKILL in 3,000), holding the
+        backlog's keys' slots. So running jobs plus unwritten successes never
+        exceed :func:`unrecorded_bound`: ``threads`` more successes may wait for
+        the completer while the threads run new jobs, one batch in flight while
+        the next one runs. Without that slack (a thread waiting for its own
+        success's commit) the claim, start and finish of a batch ran one after
+        another: 0.29 of the unlimited drain with 1,000 keys instead of 0.55, and
+        4.4x django-tasks-db's drain instead of 5.0x (bench/throughput.py, same run).
+        """
+        with self.lock:
+            running = set(self.running)
+        unwritten = self.completer.pending_ids()
+        busy = len(running - unwritten)
+        threads = self.conf.threads
+        return min(threads - busy, unrecorded_bound(threads) - busy - len(unwritten))
+
+    def run(self) -> None:
+        backoff = Backoff(self.conf.db_retry_max_delay)
+        self.completer.start()
+        self.watchdog.start()
+        # On PostgreSQL, a NOTIFY for a new ready job sets wake (see listener.py).
+        listener = None if self.once else start_listener(self.conf, self.selector, self.lifecycle)
+        try:
+            while not self.lifecycle.stopping.is_set():
+                if self.recycle is not None and (reason := self.recycle.reason()):
+                    self.lifecycle.request_recycle(reason)
+                    break
+                idle = self.idle_threads()
+                limit = min(idle, self.conf.batch_size)
+                if self.recycle is not None:
+                    limit = self.recycle.room(limit)
+                claimed = 0
+                if limit > 0:
+                    try:
+                        if self.claims_in_doubt:
+                            self.release_orphaned_claims()
+                        claimed = self.claim_and_submit(limit)
+                        backoff.reset()
+                    except Exception as exc:
+                        # An outage, a row no check foresaw, or a bug of ours: this loop is
+                        # the process's only claimer, so it goes on, backing off. The error
+                        # may have hidden a committed claim, or come after one: its jobs
+                        # are handed back before the next claim, not left to no thread.
+                        reset_connection(self.db)
+                        self.claims_in_doubt = True
+                        delay = backoff.next()
+                        if isinstance(exc, DB_ERRORS):
+                            logger.warning(
+                                "database unavailable while claiming (%s); retrying in %.2fs",
+                                exc,
+                                delay,
+                            )
+                        else:
+                            logger.exception("claiming failed; trying again in %.2fs", delay)
+                        self.lifecycle.sleep(delay)
+                        continue
+                if claimed and claimed == limit < idle:
+                    continue  # a full batch with threads to spare: there may be more
+                if self.once and not claimed and not self.running and self.queue_is_empty():
+                    return
+                # Until a thread frees up or a job is notified (they set wake), or
+                # the next poll is due.
+                self.lifecycle.sleep(self.conf.polling_interval)
+        finally:
+            if listener is not None:
+                listener.stop()
+            self.shutdown()
+            self.watchdog.stop()
+
+    def queue_is_empty(self) -> bool:
+        """In --once mode: nothing due or ready for our queues, nothing of ours claimed."""
+        if promote_due_jobs(self.db, self.conf.batch_size):
+            return False
+        conditions = Q()
+        for condition in self.selector.conditions():
+            conditions |= condition
+        ready = (
+            ReadyExecution.objects.using(self.db)
+            .filter(conditions)
+            .exclude(queue_name__in=Pause.objects.using(self.db).values("queue_name"))
+        )
+        mine = ClaimedExecution.objects.using(self.db).filter(process_id=self.process_id)
+        return not ready.exists() and not mine.exists()
+
+    def release_orphaned_claims(self) -> None:
+        """Hand back claims of ours that no thread runs (their claim's commit seemed
+        to fail but went through): never started, they cost no attempt. Only this
+        thread claims, so every other claim of this process is in ``running``."""
+        with self.lock:
+            running = [*self.running, *self.completer.pending_ids()]
+        orphans = list(
+            ClaimedExecution.objects.using(self.db)
+            .filter(process_id=self.process_id)
+            .exclude(job_id__in=running)
+            .values_list("job_id", flat=True)
+        )
+        for job_id in orphans:
+            if release_job(self.db, job_id, self.process_id):
+                logger.warning("handed back job %s: claimed, but the claim seemed lost", job_id)
+        self.claims_in_doubt = False
+
+    def claim_and_submit(self, limit: int) -> int:
+        """Claim, count the attempts of the claimed jobs in one transaction, run them.
+
+        The claim itself counts the attempts of most jobs (see
+        ``claims.claim_jobs``); the others are started here in one transaction.
+        A job whose task cannot be imported, or claimed as a stop began, is not
+        run: its thread fails it, or hands it back, with any start the claim
+        counted taken back, so it costs no attempt.
+        """
+        jobs = claim_jobs(
+            self.db,
+            self.process_id,
+            self.selector,
+            limit,
+            self.conf.max_concurrency,
+            worker_id=self.ctx.worker_id,
+        )
+        with self.lock:
+            for job in jobs:
+                self.running[job.pk] = job
+        submitted: set[int] = set()
+        try:
+            self.submit(jobs, submitted)
+        except BaseException:
+            # Jobs no thread took are not running: forgotten here, their claims are
+            # handed back before the next claim (``claims_in_doubt``, set by the caller).
+            with self.lock:
+                for job in jobs:
+                    if job.pk not in submitted:
+                        self.running.pop(job.pk, None)
+            raise
+        return len(jobs)
+
+    def submit(self, jobs: list[Job], submitted: set[int]) -> None:
+        """Start what the claim did not, and hand each job to a thread (its id then goes
+        into ``submitted``)."""
+        runnable = [] if self.lifecycle.stopping.is_set() else [j for j in jobs if importable(j)]
+        started = {job.pk for job in runnable if job.status == JobStatus.RUNNING}
+        startable = [job for job in runnable if job.status == JobStatus.CLAIMED]
+        started |= {job.pk for job in start_claimed(startable, self.ctx)}
+        if self.recycle is not None:
+            self.recycle.count(len(jobs))
+        lost = {job.pk for job in startable} - started
+        for job in jobs:
+            if job.pk in lost and job.status == JobStatus.SCHEDULED:
+                # Over its rate limit: the start sent it back to wait for its window.
+                logger.debug("job %s: rate-limited until %s", job.pk, job.rate_reserved_at)
+                with self.lock:
+                    self.running.pop(job.pk, None)
+                continue
+            if job.pk in lost:
+                logger.warning(
+                    "job %s: claim lost before start (process pruned?); not running it", job.pk
+                )
+                with self.lock:
+                    self.running.pop(job.pk, None)
+                continue
+            self.pool.submit(self.run_one, job, job.pk in started)
+            submitted.add(job.pk)
+
+    def run_one(self, job: Job, started: bool) -> None:
+        try:
+            execute_job(job, self.ctx, started=started)
+        finally:
+            with self.lock:
+                self.running.pop(job.pk, None)
+            self.lifecycle.wake.set()
+
+    def running_besides_stuck(self) -> bool:
+        """Jobs still running that may yet end (a stuck one will not: no use waiting)."""
+        with self.lock:
+            return any(pk not in self.lifecycle.stuck_jobs for pk in self.running)
+
+    def shutdown(self) -> None:
+        """Let running jobs finish up to the shutdown timeout; interrupt the rest.
+
+        A process stopping to be recycled waits for its jobs without a deadline,
+        until a stop signal arrives: then the shutdown timeout runs from there.
+
+        At the deadline each body still running gets ``WorkerShutdown`` raised in
+        its thread (an ``async def`` one: its asyncio task cancelled) and
+        ``interrupt_grace`` seconds to end; one that ends is recorded by its own
+        thread like any failure, or as a success if it returned. One that does
+        not (blocked in C code, which no Python exception reaches, or an async
+        body that goes on after its ``CancelledError``) keeps its claim, and so
+        its concurrency slot: this process exits without settling it, and it is
+        settled once the process is gone (docs/design.md invariant 9). Failing it
+        from here, as this once did, freed its slot while its body still ran,
+        and another worker could start the next job of a limit-1 key before this
+        process had exited.
+        """
+        if self.claims_in_doubt:
+            # A claim whose commit seemed lost, then a stop before the next claim could
+            # hand its jobs back: do it now. Left to recovery, jobs the claim started
+            # would count as failed attempts of bodies that never ran.
+            persist(self.ctx, "handing back claims no thread runs", self.release_orphaned_claims)
+        deadline = time.monotonic() + self.conf.shutdown_timeout
+        while (
+            self.running_besides_stuck()
+            and self.lifecycle.recycling
+            and not self.lifecycle.signalled.is_set()
+        ):
+            self.lifecycle.signalled.wait(0.05)
+            deadline = time.monotonic() + self.conf.shutdown_timeout
+        self.wait_for_running(deadline)
+        if self.running_besides_stuck() and not self.lifecycle.immediate.is_set():
+            self.interrupt_running()
+            self.wait_for_running(time.monotonic() + self.conf.interrupt_grace)
+        if not self.lifecycle.immediate.is_set():
+            # Successes handed to the completer are written before this process goes.
+            self.completer.stop()
+        with self.lock:
+            leftovers = list(self.running.values())
+        # Stop now, or a body that did not end: its thread cannot be killed, so the
+        # process must exit without joining it, and the claim is left to whoever
+        # recovers this process once it is gone.
+        self.abandoned = len(leftovers)
+        if self.lifecycle.immediate.is_set():
+            return
+        for job in leftovers:
+            if job.pk not in self.lifecycle.stuck_jobs:
+                self.leave_running(job)
+        self.pool.shutdown(wait=not leftovers, cancel_futures=True)
+        close_old_connections()
+
+    def wait_for_running(self, deadline: float) -> None:
+        """Until the running jobs (stuck ones aside) have ended, the deadline, or a stop-now."""
+        while self.running_besides_stuck() and time.monotonic() < deadline:
+            if self.lifecycle.immediate.wait(0.05):
+                return
+
+    def interrupt_running(self) -> None:
+        """Interrupt each body still running, as the watchdog interrupts one past its
+        timeout (``Watchdog.interrupt_at_shutdown``): recorded as ``WorkerShutdown``."""
+        with self.lock:
+            job_ids = [pk for pk in self.running if pk not in self.lifecycle.stuck_jobs]
+        interrupted = self.watchdog.interrupt_at_shutdown(job_ids, self.conf.shutdown_timeout)
+        if interrupted:
+            logger.warning(
+                "job(s) %s still running after the %gs shutdown timeout: interrupting them "
+                "(%gs to end)",
+                ", ".join(map(str, interrupted)),
+                self.conf.shutdown_timeout,
+                self.conf.interrupt_grace,
+            )
+
+    def leave_running(self, job: Job) -> None:
+        """A job whose thread still runs after the interrupt: its claim outlives us.
+
+        Its body may not have ended (or, if it has, its outcome is not written):
+        whoever recovers this process once it is gone records it.
+        """
+        self.lifecycle.left_running.add(job.pk)
+        with self.watchdog.lock:
+            control = self.watchdog.controls.get(job.pk)
+        if control is None:
+            what = "its thread has not finished"
+        elif control.asynchronous:
+            what = "its body still runs (CancelledError ignored, or a synchronous call?)"
+        else:
+            what = "its body still runs (blocked outside Python?)"
+        logger.error(
+            "job %s: %s %gs after the interrupt at the shutdown deadline: exiting without "
+            "settling it; it is recovered once this process is gone, and its concurrency "
+            "slot stays held until then",
+            job.pk,
+            what,
+            self.conf.interrupt_grace,
+        )
+
+
+def unrecorded_bound(threads: int) -> int:
+    """The most jobs of one worker process whose body has returned and whose
+    success has not committed, at any instant: what a SIGKILL can cost
+    (docs/running.md). Running jobs and unwritten successes together never pass
+    it, so it holds whatever the load or the number of keys."""
+    return 2 * threads

@@ -1,0 +1,450 @@
+"""``JobTask``: Django's ``Task`` plus the options this backend understands.
+
+Django 6.1 forwards unknown ``@task(...)`` keywords to the backend's
+``task_class``; Django 6.0 does not, so :func:`task` here accepts the same
+options on both. Every option is checked when the task is declared (or
+``.using()`` is called), so a typo fails at import time, not in a worker.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Task
+from django.tasks.base import DEFAULT_TASK_PRIORITY
+from django.tasks.exceptions import InvalidTask
+
+from django_jobs.conf import did_you_mean
+from django_jobs.exceptions import InvalidTaskArguments
+from django_jobs.limits import MAX_ATTEMPTS
+from django_jobs.tasks.backoff import BackoffSpec, Exponential, declared_seconds, validate_backoff
+from django_jobs.tasks.rates import Rate, is_rate, parse_rate, resolve_rate
+from django_jobs.text import safe_repr
+
+ConcurrencyKey = str | Callable[..., str] | None
+
+JOB_OPTION_NAMES = (
+    "max_attempts",
+    "backoff",
+    "concurrency_key",
+    "concurrency_limit",
+    "concurrency_group",
+    "concurrency_duration",
+    "on_conflict",
+    "unique_key",
+    "unique_until",
+    "timeout",
+    "rate_limit",
+    "rate_key",
+)
+ON_CONFLICT_CHOICES = ("block", "discard")
+# Jobs of one key running at once. Far above any real limit, far below the column's
+# 2**31 - 1 (PostgreSQL and MariaDB refuse a bigger one at enqueue, not declaration).
+MAX_CONCURRENCY_LIMIT = 1_000_000
+UNIQUE_UNTIL_CHOICES = ("start", "finish")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobTask(Task):
+    """A ``django.tasks.Task`` with this backend's options (docs/tasks.md).
+
+    - ``max_attempts``: attempts in all, retries included (1: never retried).
+    - ``backoff``: seconds before a retry: a number, ``Exponential(...)`` or a
+      module-level function of the attempt number.
+    - ``concurrency_key``, ``concurrency_limit``, ``concurrency_group``,
+      ``concurrency_duration``, ``on_conflict``: at most ``concurrency_limit`` jobs
+      of one key run at once (docs/concurrency.md).
+    - ``unique_key``, ``unique_until``: one waiting (or unfinished) job per key
+      (docs/unique.md).
+    - ``timeout``: seconds an attempt may run before it is interrupted and recorded
+      as ``JobTimeout`` (docs/control.md).
+    - ``rate_limit``, ``rate_key``: at most N starts per period of one key, a rate
+      (``"10/m"``) or the name of one in ``DJANGO_JOBS["rate_limits"]``
+      (docs/rate_limits.md).
+
+    Every option is checked when the task is declared or ``using()`` is called.
+    """
+
+    max_attempts: int = 1
+    backoff: BackoffSpec = None
+    concurrency_key: ConcurrencyKey = None
+    concurrency_limit: int = 1
+    concurrency_group: str | None = None
+    concurrency_duration: float | timedelta | None = None
+    on_conflict: str = "block"
+    unique_key: ConcurrencyKey = None
+    unique_until: str = "finish"
+    timeout: float | timedelta | None = None
+    rate_limit: str | None = None
+    rate_key: ConcurrencyKey = None
+
+    def __post_init__(self) -> None:
+        validate_job_options(self)
+        Task.__post_init__(self)
+
+    def using(
+        self,
+        *,
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: datetime | None = None,
+        backend: str | None = None,
+        **options: Any,
+    ) -> JobTask:
+        """Django's ``using()``, plus per-call overrides of this backend's options."""
+        reject_unknown_options(options, "Unknown task option(s) for using()")
+        backoff = options.get("backoff")
+        if (
+            callable(backoff)
+            and not isinstance(backoff, Exponential)
+            and backoff is not self.backoff
+        ):
+            # A job row names its backoff; a worker calls only the function its task
+            # declares (docs/tasks.md), so a per-call one would be dropped there, silently.
+            raise InvalidTask(
+                f"{self.module_path}: a backoff function is declared with the task "
+                "(@task(backoff=...)), not per call; per call, give seconds or Exponential(...)"
+            )
+        base = Task.using(
+            self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
+        )
+        return replace(base, **options) if options else base
+
+    def resolve_concurrency_key(
+        self,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        arguments: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """The semaphore key of one call: ``group/key``, the key filled from the arguments.
+
+        The group defaults to the task's path, so two tasks share a limit only
+        when they name the same ``concurrency_group``. ``arguments``: the call
+        already bound by :func:`bound_arguments`, if the caller has it.
+        """
+        return self.resolve_key(
+            "concurrency_key", self.concurrency_group or self.module_path, args, kwargs, arguments
+        )
+
+    def resolve_unique_key(
+        self,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        arguments: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """The unique key of one call, ``task path/key``: unique per task, like a limit's group."""
+        return self.resolve_key("unique_key", self.module_path, args, kwargs, arguments)
+
+    def resolve_rate(
+        self,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        arguments: Mapping[str, Any] | None = None,
+    ) -> tuple[str, Rate] | None:
+        """The rate key and rate of one call, or None without a ``rate_limit``.
+
+        A named limit (settings) is shared by every task naming it: its key is
+        the name, ``name/key`` with a ``rate_key``. An inline rate is the task's
+        own, like a concurrency limit: ``task path`` or ``task path/key``.
+        """
+        if self.rate_limit is None:
+            return None
+        try:
+            name, rate = resolve_rate(self.rate_limit, self.module_path)
+        except ValueError as exc:
+            raise InvalidTask(str(exc)) from None
+        prefix = name or self.module_path
+        key = self.resolve_key("rate_key", prefix, args, kwargs, arguments)
+        return (key or prefix), rate
+
+    def resolve_key(
+        self,
+        option: str,
+        prefix: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        arguments: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """Fill the key option ``option`` (a template or a callable) from one call's arguments."""
+        key = getattr(self, option)
+        if key is None:
+            return None
+        if callable(key):
+            resolved = key(*args, **kwargs)
+        else:
+            if arguments is None:
+                arguments = bound_arguments(self, args, kwargs)
+            resolved = key.format(**arguments)
+        if not isinstance(resolved, str) or not resolved:
+            raise InvalidTask(f"{option} of {self.module_path} must give a non-empty string")
+        full = f"{prefix}/{resolved}"
+        if len(full) > 255:
+            kind = option.replace("_", " ")
+            raise InvalidTask(f"{kind} {full[:60]!r}... is longer than 255 characters")
+        return full
+
+    @property
+    def lease_seconds(self) -> float | None:
+        duration = self.concurrency_duration
+        if isinstance(duration, timedelta):
+            return duration.total_seconds()
+        return None if duration is None else float(duration)
+
+
+@functools.lru_cache(maxsize=1024)
+def signature_of(func: Callable[..., Any]) -> inspect.Signature:
+    """``inspect.signature``, once per function: every enqueue binds its call."""
+    return inspect.signature(func)
+
+
+def bound_arguments(task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The call's arguments by parameter name, defaults applied, the context left out.
+
+    The one place a call is checked against the task's function: every enqueue
+    goes through it, keyed or not, so a call the function would refuse fails in
+    the caller, naming the argument, instead of in a worker later.
+    """
+    signature = signature_of(task.func)
+    call_args = [None, *args] if task.takes_context else list(args)
+    try:
+        bound = signature.bind(*call_args, **kwargs)
+    except TypeError as exc:
+        reason = binding_problem(task, signature, len(args), exc)
+        raise InvalidTaskArguments(
+            f"Arguments do not match {task.module_path}{bare(signature)}: {reason}"
+        ) from exc
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    if task.takes_context:
+        arguments.pop(next(iter(signature.parameters)), None)
+    return arguments
+
+
+def bare(signature: inspect.Signature) -> inspect.Signature:
+    """The signature without annotations: ``(a, b=2)`` reads better in an error."""
+    empty = inspect.Parameter.empty
+    return signature.replace(
+        parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+        return_annotation=inspect.Signature.empty,
+    )
+
+
+def binding_problem(task: Task, signature: inspect.Signature, given: int, exc: TypeError) -> str:
+    """Python's reason, naming the argument; its "too many positional arguments" names none."""
+    reason = str(exc)
+    if reason != "too many positional arguments":
+        return reason
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    accepted = sum(p.kind in kinds for p in signature.parameters.values())
+    if task.takes_context:
+        accepted -= 1
+    return (
+        f"positional argument {accepted} is one too many "
+        f"(it takes {accepted} positionally, {given} were given)"
+    )
+
+
+def is_int(value: Any) -> bool:
+    """An int, not a bool: ``max_attempts=True`` is a mistake, not one attempt."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def reject_unknown_options(options: Mapping[str, Any], message: str) -> None:
+    """A ``TypeError`` (as for any unexpected keyword) naming the unknown options,
+    with the option each one likely meant."""
+    unknown = sorted(set(options) - set(JOB_OPTION_NAMES))
+    if unknown:
+        hints = [did_you_mean(name, JOB_OPTION_NAMES) for name in unknown]
+        hint = " ".join(hint for hint in hints if hint)
+        raise TypeError(f"{message}: {', '.join(unknown)}.{f' {hint}' if hint else ''}")
+
+
+def validate_job_options(task: JobTask) -> None:
+    """Every option checked and bounded where it is written.
+
+    A number that passes here is later stored in a row and added to a time in a
+    worker: ``concurrency_duration=inf`` once made every claim of its key raise
+    ``OverflowError``, and ``timeout=nan`` never timed out. So each is finite and
+    within ``limits``, or the declaration fails naming it.
+    """
+    attempts = task.max_attempts
+    if not is_int(attempts) or not 1 <= attempts <= MAX_ATTEMPTS:
+        raise InvalidTask(
+            f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS:,}, "
+            f"not {safe_repr(attempts, 40)}"
+        )
+    try:
+        validate_backoff(task.backoff)
+    except ValueError as exc:
+        raise InvalidTask(str(exc)) from exc
+    limit = task.concurrency_limit
+    if not is_int(limit) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
+        raise InvalidTask(
+            f"concurrency_limit must be an integer from 1 to {MAX_CONCURRENCY_LIMIT:,}, "
+            f"not {safe_repr(limit, 40)}"
+        )
+    group = task.concurrency_group
+    if group is not None and (not isinstance(group, str) or not group or "/" in group):
+        raise InvalidTask("concurrency_group must be a non-empty string without '/'")
+    duration = task.concurrency_duration
+    timeout = task.timeout
+    for name, value in (("concurrency_duration", duration), ("timeout", timeout)):
+        if value is not None:
+            try:
+                declared_seconds(value, name, strict=True)
+            except ValueError as exc:
+                raise InvalidTask(f"{exc} (a number of seconds or a timedelta)") from None
+    if task.on_conflict not in ON_CONFLICT_CHOICES:
+        raise InvalidTask(f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}")
+    if task.unique_until not in UNIQUE_UNTIL_CHOICES:
+        raise InvalidTask(f"unique_until must be one of {', '.join(UNIQUE_UNTIL_CHOICES)}")
+    unique = task.unique_key
+    if unique is not None and not callable(unique):
+        if not isinstance(unique, str) or not unique:
+            raise InvalidTask("unique_key must be a non-empty format string or a callable")
+        validate_key_template(task, unique, "unique_key")
+    validate_rate_options(task)
+    key = task.concurrency_key
+    if key is None and (group is not None or duration is not None):
+        raise InvalidTask("concurrency_group and concurrency_duration need a concurrency_key")
+    if key is not None and not callable(key):
+        if not isinstance(key, str) or not key:
+            raise InvalidTask("concurrency_key must be a non-empty format string or a callable")
+        validate_key_template(task, key)
+
+
+def validate_rate_options(task: JobTask) -> None:
+    """A malformed rate fails at declaration; so does an unknown name, once settings load."""
+    from django.conf import settings
+
+    spec, key = task.rate_limit, task.rate_key
+    if spec is None:
+        if key is not None:
+            raise InvalidTask("rate_key needs a rate_limit")
+        return
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidTask("rate_limit must be a rate like '10/m' or the name of one in settings")
+    if is_rate(spec):
+        try:
+            parse_rate(spec)
+        except ValueError as exc:
+            raise InvalidTask(f"rate_limit {exc}") from None
+    elif settings.configured:
+        try:
+            resolve_rate(spec, task.module_path)
+        except ValueError as exc:
+            raise InvalidTask(str(exc)) from None
+    if key is not None and not callable(key):
+        if not isinstance(key, str) or not key:
+            raise InvalidTask("rate_key must be a non-empty format string or a callable")
+        validate_key_template(task, key, "rate_key")
+
+
+def validate_key_template(task: Task, template: str, option: str = "concurrency_key") -> None:
+    """Reject a template naming an argument the function does not take."""
+    import string
+
+    parameters = inspect.signature(task.func).parameters
+    takes_var_kwargs = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise InvalidTask(f"{option} {template!r} is not a valid format string") from exc
+    for name in names:
+        root = name.split(".")[0].split("[")[0]
+        if not root or root.isdigit():
+            raise InvalidTask(f"{option} fields must name arguments, e.g. '{{account_id}}'")
+        if root not in parameters and not takes_var_kwargs:
+            raise InvalidTask(
+                f"{option} {template!r} names {root!r}, which {task.module_path} does not take"
+            )
+
+
+def task(
+    function: Callable[..., Any] | None = None,
+    *,
+    priority: int = DEFAULT_TASK_PRIORITY,
+    queue_name: str = DEFAULT_TASK_QUEUE_NAME,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    takes_context: bool = False,
+    **options: Any,
+) -> Any:
+    """``django.tasks.task`` that also takes this backend's options on Django 6.0."""
+    from django.tasks import task_backends
+
+    reject_unknown_options(options, "Unknown task option(s)")
+
+    def wrapper(func: Callable[..., Any]) -> Task:
+        task_class = task_backends[backend].task_class
+        if options and not issubclass(task_class, JobTask):
+            raise InvalidTask(f"Backend {backend!r} does not take django-jobs task options")
+        return task_class(
+            func=func,
+            priority=priority,
+            queue_name=queue_name,
+            backend=backend,
+            takes_context=takes_context,
+            run_after=None,
+            **options,
+        )
+
+    if function is not None:
+        return wrapper(function)
+    return wrapper
+
+
+def job_options(task: Task) -> dict[str, Any]:
+    """This backend's options of ``task``, defaults for a plain Django ``Task``."""
+    if isinstance(task, JobTask):
+        return {
+            f.name: getattr(task, f.name) for f in fields(JobTask) if f.name in JOB_OPTION_NAMES
+        }
+    return {
+        "max_attempts": 1,
+        "backoff": None,
+        "concurrency_key": None,
+        "concurrency_limit": 1,
+        "concurrency_group": None,
+        "concurrency_duration": None,
+        "on_conflict": "block",
+        "unique_key": None,
+        "unique_until": "finish",
+        "timeout": None,
+        "rate_limit": None,
+        "rate_key": None,
+    }
+
+
+Call = tuple[Task, Sequence[Any], Mapping[str, Any]]
+
+
+def checked_calls(calls: Iterable[Any], where: str) -> list[Call]:
+    """``calls`` as a list, each a ``(task, args, kwargs)`` whose task is a ``Task``.
+
+    Raises Django's ``InvalidTask`` naming the call at fault, before anything is
+    written: a plain function (the ``@task`` forgotten) would otherwise surface
+    as an ``AttributeError`` from deep inside the enqueue.
+    """
+    calls = list(calls)
+    for index, call in enumerate(calls):
+        if not isinstance(call, tuple | list) or len(call) != 3:
+            raise InvalidTask(
+                f"{where}: call {index} must be a (task, args, kwargs) tuple, "
+                f"not {safe_repr(call, 80)}"
+            )
+        task, args, kwargs = call
+        if not isinstance(task, Task):
+            raise InvalidTask(
+                f"{where}: call {index} names {safe_repr(task, 80)}, which is not a task "
+                "(a function decorated with @task)"
+            )
+        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+            raise InvalidTask(f"{where}: call {index}'s args must be a list or a tuple")
+        if not isinstance(kwargs, Mapping):
+            raise InvalidTask(f"{where}: call {index}'s kwargs must be a dict")
+    return calls
