@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
@@ -16,34 +15,15 @@ from django_jobs.admin.chart import bars
 from django_jobs.admin.processes import process_rows
 from django_jobs.conf import JobsSettings
 from django_jobs.core import operations
-from django_jobs.models import Dashboard, Job, JobStatus, Pause
+from django_jobs.models import Dashboard, JobStatus, Pause
 from django_jobs.observability import inspection
 
 # The queue table's columns: the execution tables now, then the last hour's outcomes over
 # the chart's own window, so that its succeeded and failed totals are the chart's.
-LIVE_STATES = ("ready", "scheduled", "blocked", "running")
-OUTCOMES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DISCARDED)
 COLUMNS = (
-    *(state.capitalize() for state in LIVE_STATES),
-    *(f"{status.label} (1h)" for status in OUTCOMES),
+    *(state.capitalize() for state in inspection.PENDING_STATES),
+    *(f"{JobStatus(status).label} (1h)" for status in inspection.OUTCOMES),
 )
-
-
-def outcomes_per_queue(db: str, start: datetime, end: datetime) -> dict[str, dict[str, int]]:
-    """Jobs that finished in [start, end) per queue and outcome: the chart's window, read
-    through the ``(status, finished_at)`` index."""
-    rows = (
-        Job.objects.using(db)
-        .filter(status__in=OUTCOMES, finished_at__gte=start, finished_at__lt=end)
-        .values_list("queue_name", "status")
-        .annotate(n=Count("pk"))
-        .values_list("queue_name", "status", "n")
-        .order_by()
-    )
-    counts: dict[str, dict[str, int]] = {}
-    for queue, status, n in rows:
-        counts.setdefault(queue, dict.fromkeys(OUTCOMES, 0))[status] = n
-    return counts
 
 
 @admin.register(Dashboard)
@@ -59,15 +39,15 @@ class DashboardAdmin(PageAdmin):
         per_minute = inspection.finished_per_minute(db, now)
         chart = bars(per_minute)
         start = per_minute[0]["minute"]
-        outcomes = outcomes_per_queue(db, start, start + timedelta(minutes=len(per_minute)))
-        live = inspection.queue_counts(db, now)
+        end = start + timedelta(minutes=len(per_minute))
+        counted = inspection.count_queues(db, finished_since=start, finished_until=end)
         paused = sorted(Pause.objects.using(db).values_list("queue_name", flat=True))
         rows = {}
-        for queue in sorted({*live, *outcomes, *paused}):
-            states = live.get(queue, {})
-            done = outcomes.get(queue, {})
-            counts = [states.get(state, 0) for state in LIVE_STATES]
-            counts += [done.get(status, 0) for status in OUTCOMES]
+        for queue in sorted({*counted.pending, *counted.finished, *paused}):
+            states = counted.pending.get(queue, {})
+            done = counted.finished.get(queue, {})
+            counts = [states.get(state, 0) for state in inspection.PENDING_STATES]
+            counts += [done.get(status, 0) for status in inspection.OUTCOMES]
             if any(counts) or queue in paused:
                 rows[queue] = counts
         totals = [sum(column) for column in zip(*rows.values(), strict=True)] if rows else []

@@ -25,8 +25,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from django_jobs.conf import JobsSettings
-from django_jobs.metrics.facts import OUTCOMES, PENDING_STATES, Facts, gather
+from django_jobs.metrics.facts import Facts, gather
 from django_jobs.models import Process
+from django_jobs.observability.inspection import OUTCOMES, PENDING_STATES
 
 PREFIX = "django_jobs"
 PROCESS_LABELS = ["process", "kind", "host"]

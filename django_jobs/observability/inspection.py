@@ -1,9 +1,10 @@
 """What an operator asks of the queue: counts, blocked keys, stuck jobs, live processes,
 and the progress of running jobs.
 
-Shared by ``manage.py jobs`` (and meant for the admin): every query reads the
-small execution tables or an index range of ``Job`` (finished in the last
-hour), never the whole job history.
+Shared by ``manage.py jobs``, the admin and the metrics: every query reads the small
+execution tables or an index range of ``Job`` (jobs finished in a window the caller
+names), never the whole job history. :func:`count_queues` is the one place queues are
+counted.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from django_jobs.conf import JobsSettings
 from django_jobs.core.progress import from_row
 from django_jobs.core.queues import QueueSelector
 from django_jobs.models import (
+    FINISHED_STATUSES,
     BlockedExecution,
     ClaimedExecution,
     Job,
@@ -32,7 +34,19 @@ from django_jobs.models import (
     Semaphore,
 )
 
-STATES = ("ready", "scheduled", "blocked", "running", "failed_last_hour", "finished_last_hour")
+# A waiting or running job's execution table, as the counts name it ("running": a claimed
+# execution, started or about to be).
+PENDING_STATES = ("ready", "scheduled", "blocked", "running")
+PENDING_TABLES = (
+    ("ready", ReadyExecution),
+    ("scheduled", ScheduledExecution),
+    ("blocked", BlockedExecution),
+    ("running", ClaimedExecution),
+)
+# How a job ends, as plain strings (dict keys, metric labels, JSON): the finished statuses.
+OUTCOMES: tuple[str, ...] = tuple(status.value for status in FINISHED_STATUSES)
+# ``manage.py jobs``' columns, in its order.
+STATES = (*PENDING_STATES, "failed_last_hour", "finished_last_hour")
 STUCK_SAMPLE = 50
 # Keys per IN (...) list: well under every backend's limit on query parameters.
 KEY_CHUNK = 500
@@ -106,34 +120,93 @@ class Snapshot:
         return encode(asdict(self))
 
 
-def queue_counts(db: str, now: datetime) -> dict[str, dict[str, int]]:
-    counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(STATES, 0))
-    tables = (
-        ("ready", ReadyExecution),
-        ("scheduled", ScheduledExecution),
-        ("blocked", BlockedExecution),
-        ("running", ClaimedExecution),
-    )
-    for state, table in tables:
-        rows = table.objects.using(db).values_list("queue_name").annotate(n=Count("pk"))
-        for queue, n in rows.values_list("queue_name", "n"):
-            counts[queue][state] = n
-    hour_ago = now - timedelta(hours=1)
-    finished = (
-        Job.objects.using(db)
-        .filter(
-            status__in=(JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DISCARDED),
-            finished_at__gte=hour_ago,
-        )
-        .values_list("queue_name", "status")
+@dataclass
+class QueueCounts:
+    """Per queue, what :func:`count_queues` was asked for.
+
+    ``pending``: queue -> {ready, scheduled, blocked, running}, for the queues with a row
+    in some execution table. ``finished``: queue -> {succeeded, failed, discarded} in the
+    window asked for, for the queues with a job that finished in it (empty if none was
+    asked). ``oldest_ready_at``: queue -> its oldest ready row's ``created_at``, when that
+    job became ready (only if asked, and for the queues with ready jobs).
+    """
+
+    pending: dict[str, dict[str, int]] = field(default_factory=dict)
+    finished: dict[str, dict[str, int]] = field(default_factory=dict)
+    oldest_ready_at: dict[str, datetime] = field(default_factory=dict)
+
+
+def count_queues(
+    db: str,
+    *,
+    finished_since: datetime | None = None,
+    finished_until: datetime | None = None,
+    oldest_ready: bool = False,
+) -> QueueCounts:
+    """Jobs per queue in each execution table, and those that finished in a window.
+
+    One grouped query per execution table: as large as the backlog, not the history.
+    The jobs finished in ``[finished_since, finished_until)`` (no end: up to now) are
+    one more, ``status IN (...) AND finished_at >= since``: a range of the
+    ``(status, finished_at)`` index per outcome, whose cost follows the jobs finished
+    in the window. So each caller names the narrowest window it shows (the metrics one
+    minute, the dashboard its chart's hour), and none reads it when ``finished_since``
+    is None. ``oldest_ready``: also each queue's oldest ready row, read in the same scan
+    as the ready count.
+    """
+    counts = QueueCounts()
+
+    def add(state: str, queue: str, n: int) -> None:
+        counts.pending.setdefault(queue, dict.fromkeys(PENDING_STATES, 0))[state] = n
+
+    for state, table in PENDING_TABLES:
+        rows = table.objects.using(db).values_list("queue_name").order_by()
+        if state == "ready" and oldest_ready:
+            grouped = rows.annotate(n=Count("pk"), oldest=Min("created_at"))
+            for queue, n, first in grouped.values_list("queue_name", "n", "oldest"):
+                add(state, queue, n)
+                counts.oldest_ready_at[queue] = first
+        else:
+            for queue, n in rows.annotate(n=Count("pk")).values_list("queue_name", "n"):
+                add(state, queue, n)
+    if finished_since is not None:
+        counts.finished = finished_counts(db, finished_since, finished_until)
+    return counts
+
+
+def finished_counts(
+    db: str, since: datetime, until: datetime | None = None
+) -> dict[str, dict[str, int]]:
+    """Per queue, the jobs that reached each outcome in ``[since, until)``."""
+    rows = Job.objects.using(db).filter(status__in=OUTCOMES, finished_at__gte=since)
+    if until is not None:
+        rows = rows.filter(finished_at__lt=until)
+    grouped = (
+        rows.values_list("queue_name", "status")
         .annotate(n=Count("pk"))
         .values_list("queue_name", "status", "n")
+        .order_by()
     )
-    for queue, status, n in finished:
-        counts[queue]["finished_last_hour"] += n
-        if status == JobStatus.FAILED:
-            counts[queue]["failed_last_hour"] += n
-    return {queue: counts[queue] for queue in sorted(counts)}
+    result: dict[str, dict[str, int]] = {}
+    for queue, status, n in grouped:
+        result.setdefault(queue, dict.fromkeys(OUTCOMES, 0))[status] = n
+    return result
+
+
+def queue_counts(db: str, now: datetime) -> dict[str, dict[str, int]]:
+    """``manage.py jobs``' table: per queue (sorted), its ``STATES``: the execution tables
+    now, the jobs that failed and that finished (any outcome) in the last hour."""
+    counts = count_queues(db, finished_since=now - timedelta(hours=1))
+    table = {}
+    for queue in sorted({*counts.pending, *counts.finished}):
+        pending = counts.pending.get(queue, dict.fromkeys(PENDING_STATES, 0))
+        finished = counts.finished.get(queue, {})
+        table[queue] = {
+            **pending,
+            "failed_last_hour": finished.get(JobStatus.FAILED.value, 0),
+            "finished_last_hour": sum(finished.values()),
+        }
+    return table
 
 
 def blocked_keys(
@@ -343,8 +416,8 @@ def running_progress(db: str, limit: int = STUCK_SAMPLE) -> list[RunningProgress
         )[:limit]
     )
     result = []
-    for pk, task_path, queue_name, *columns in rows:
-        reported = from_row(*columns)
+    for pk, task_path, queue_name, done, total, message, at in rows:
+        reported = from_row(done, total, message, at)
         if reported is not None:
             result.append(
                 RunningProgress(
