@@ -19,7 +19,7 @@ from django_jobs.core.admission import reconcile_key, release_slot
 from django_jobs.core.claims import claim_jobs, finish_job, finish_jobs, start_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
-from django_jobs.db import pg_admission
+from django_jobs.db.postgresql import admission as pg_admission
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,

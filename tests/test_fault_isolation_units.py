@@ -157,7 +157,7 @@ def test_a_key_longer_than_its_column_is_refused_at_enqueue():
 def test_the_bulk_insert_refuses_a_queue_name_longer_than_its_column():
     """It cast every string column to ``varchar(n)[]``, and an explicit cast to varchar(n)
     cuts a longer value short without a word; the single insert raised."""
-    from django_jobs.db.pg_insert import insert_ready_jobs
+    from django_jobs.db.postgresql.insert import insert_ready_jobs
 
     now = timezone.now()
     jobs = [

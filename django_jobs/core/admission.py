@@ -19,13 +19,12 @@ from collections.abc import Iterable
 
 from django.db import connections
 from django.db.models import Count, F, Window
-from django.db.models.functions import Collate, RowNumber
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from django_jobs.core.batches import count_failed
 from django_jobs.core.readiness import make_ready, set_status
-from django_jobs.db import pg_admission
-from django_jobs.db.deletion import delete_executions
+from django_jobs.db import features, ops
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -68,12 +67,12 @@ def lock_semaphore(db: str, key: str, limit: int) -> Semaphore:
         # duplicate-key INSERT IGNORE takes a *shared* lock on the row another
         # enqueue just inserted, and two such waiters both upgrading to the FOR
         # UPDATE below deadlock. The upsert takes the exclusive lock at once.
-        features = connections[db].features
+        supports = connections[db].features
         Semaphore.objects.using(db).bulk_create(
             [Semaphore(key=key, limit=limit, value=limit)],
             update_conflicts=True,
             update_fields=["key"],
-            unique_fields=["key"] if features.supports_update_conflicts_with_target else None,
+            unique_fields=["key"] if supports.supports_update_conflicts_with_target else None,
         )
         semaphore = semaphores.get(key=key)
     return semaphore
@@ -158,9 +157,9 @@ def release_slots(db: str, keys: Iterable[str]) -> int:
     semaphores = lock_semaphores(db, keys)
     if not semaphores:
         return 0
-    if connections[db].vendor == "postgresql":
-        # The recount and the promotion below, in one statement (see pg_admission).
-        return pg_admission.recount_and_promote(db, semaphores, timezone.now())
+    if features(db).can_promote_in_one_statement:
+        # The recount and the promotion below, in one statement.
+        return ops(db).recount_and_promote(db, semaphores, timezone.now())
     holders = count_holders_by_key(db, [semaphore.key for semaphore in semaphores])
     for semaphore in semaphores:
         semaphore.value = semaphore.limit - holders.get(semaphore.key, 0)
@@ -171,25 +170,10 @@ def lock_semaphores(db: str, keys: Iterable[str]) -> list[Semaphore]:
     """Lock the existing semaphores of ``keys`` in ascending key order (Python's, by code point).
 
     Every path that holds several semaphores takes them in this order, so no
-    two can deadlock on them. PostgreSQL locks the rows of ``ORDER BY ... FOR
-    UPDATE`` in the sorted order, so one statement does it, sorted by code point
-    (collation "C") as Python sorts. InnoDB locks rows in the order it reads
-    them, which is the index's collation order (case-insensitive by default),
-    not Python's: there each key is locked by a statement of its own, in order.
-    SQLite has no row locks (the transaction holds the database).
+    two can deadlock on them (``Operations.lock_in_key_order`` says how each
+    database is made to lock them in it).
     """
-    keys = sorted(set(keys))
-    if not keys:
-        return []
-    rows = Semaphore.objects.using(db).select_for_update()
-    vendor = connections[db].vendor
-    if vendor == "mysql" and len(keys) > 1:
-        return [semaphore for key in keys if (semaphore := rows.filter(key=key).first())]
-    if vendor == "postgresql":
-        rows = rows.order_by(Collate("key", "C"))
-    else:
-        rows = rows.order_by("key")
-    return list(rows.filter(key__in=keys))
+    return ops(db).lock_in_key_order(Semaphore.objects.using(db), keys)
 
 
 def reconcile_key(db: str, key: str) -> int:
@@ -274,7 +258,7 @@ def promote_blocked_by_key(db: str, semaphores: list[Semaphore]) -> int:
         ]
         if promoted:
             promoted.sort(key=lambda job: job.pk)
-            delete_executions(db, BlockedExecution, [job.pk for job in promoted])
+            ops(db).delete_executions(db, BlockedExecution, [job.pk for job in promoted])
             make_ready(db, promoted)
             per_key: dict[str, int] = defaultdict(int)
             for job in promoted:

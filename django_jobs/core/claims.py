@@ -35,7 +35,7 @@ from django_jobs.core.batches import count_failed, count_outcome, count_outcomes
 from django_jobs.core.cancellation import record_cancelled
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.rate_limits import ensure_rate_rows, lock_rate_limits, save_windows
-from django_jobs.db import pg_claims
+from django_jobs.db.postgresql import claims as pg_claims
 from django_jobs.db.deletion import delete_executions
 from django_jobs.db.transactions import hot_transaction
 from django_jobs.limits import later

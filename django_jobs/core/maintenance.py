@@ -9,15 +9,15 @@ dispatcher calls it (through :func:`clear_finished_jobs`, with
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db import connections, models, transaction
+from django.db import models, transaction
 from django.utils import timezone
 
 from django_jobs.core.admission import reconcile_key
-from django_jobs.db.deletion import delete_executions
+from django_jobs.db import ops
 from django_jobs.models import (
     FINISHED_STATUSES,
     Batch,
@@ -154,8 +154,8 @@ def prune_round(
         ids = [pk for pk, _ in rows]
         if not ids:
             return []
-        counts.failures += delete_executions(db, FailedExecution, ids)
-        delete_by_pk(db, Job, ids)
+        counts.failures += ops(db).delete_executions(db, FailedExecution, ids)
+        ops(db).delete_by_pk(db, Job, ids)
     counts.jobs.update(status for _, status in rows)
     return ids
 
@@ -190,7 +190,7 @@ def prune_batches(
             # Jobs point at their batch without a database constraint (DO_NOTHING): no
             # cascade, nothing else locked.
             with transaction.atomic(using=db):
-                counts.batches += delete_by_pk(db, Batch, deletable)
+                counts.batches += ops(db).delete_by_pk(db, Batch, deletable)
             if on_batch is not None:
                 on_batch(counts)
         if len(rows) < batch_size:
@@ -232,39 +232,6 @@ def count_prunable(db: str, cutoff: datetime, statuses: list[str], *, batches: b
         )
         counts.batches = len(rows) - len(busy_batches(db, rows))
     return counts
-
-
-def delete_by_pk(db: str, model: type[models.Model], ids: Collection[int]) -> int:
-    """Delete ``model`` rows by primary key, locking only those rows; no cascade.
-
-    Not ``QuerySet.delete()``: for a job it would first read every column of each
-    row, then run a ``DELETE ... IN`` on each execution table, where a finished job
-    has no row. On InnoDB a ``DELETE ... IN`` can scan and wait for rows that
-    workers hold (see :mod:`django_jobs.db.deletion`): there the ids are a derived
-    table joined first, so each row is reached by its primary key.
-    """
-    if not ids:
-        return 0
-    connection = connections[db]
-    quote = connection.ops.quote_name
-    table = quote(model._meta.db_table)
-    pk = quote(model._meta.pk.column)
-    ordered = sorted(ids)
-    deleted = 0
-    with connection.cursor() as cursor:
-        for start in range(0, len(ordered), DELETE_CHUNK):
-            chunk = ordered[start : start + DELETE_CHUNK]
-            if connection.vendor == "mysql":
-                derived = " UNION ALL ".join(["SELECT %s AS id_"] * len(chunk))
-                sql = (
-                    f"DELETE rows_ FROM ({derived}) AS ids_ STRAIGHT_JOIN {table} AS rows_ "
-                    f"ON rows_.{pk} = ids_.id_"
-                )
-            else:
-                sql = f"DELETE FROM {table} WHERE {pk} IN ({', '.join(['%s'] * len(chunk))})"
-            cursor.execute(sql, chunk)
-            deleted += cursor.rowcount
-    return deleted
 
 
 def clear_finished_jobs(

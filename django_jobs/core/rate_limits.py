@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
-
+from django_jobs.db import ops
 from django_jobs.limits import MAX_SECONDS, is_number
 from django_jobs.models import RateLimit
 from django_jobs.tasks.rates import MAX_STARTS_PER_PERIOD, Rate
@@ -169,16 +168,10 @@ def lock_rate_limits(db: str, keys: Iterable[str]) -> dict[str, Window]:
     """Lock the rows of ``keys`` in ascending key order; their windows by key.
 
     docs/design.md section 4's order, extended: a start locks its claimed rows, then
-    these, then (for a job sent back to wait) its semaphore. On PostgreSQL one
-    statement locks them in its sort order; on InnoDB one point lookup per key,
-    in Python's order, so a plan that scans cannot lock them in another order.
+    these, then (for a job sent back to wait) its semaphore. The order is Python's,
+    by code point, on every database (``Operations.lock_in_key_order``).
     """
-    keys = sorted(set(keys))
-    rows = RateLimit.objects.using(db).select_for_update()
-    if connections[db].vendor == "postgresql":
-        locked = list(rows.filter(key__in=keys).order_by("key"))
-    else:
-        locked = [row for key in keys for row in rows.filter(key=key)]
+    locked = ops(db).lock_in_key_order(RateLimit.objects.using(db), keys)
     return {row.key: Window(row) for row in locked}
 
 

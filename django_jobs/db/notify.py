@@ -60,6 +60,7 @@ from django.db import connections
 from django.db.transaction import TransactionManagementError
 
 from django_jobs.conf import JobsSettings
+from django_jobs.db import features
 from django_jobs.db.retry import Backoff
 from django_jobs.text import jobs_logger
 
@@ -134,11 +135,7 @@ def enabled(db: str) -> bool:
 @cache
 def supported(db: str) -> bool:
     """PostgreSQL through psycopg 3 (what the listener needs too)."""
-    if connections[db].vendor != "postgresql":
-        return False
-    from django.db.backends.postgresql.psycopg_any import is_psycopg3
-
-    return bool(is_psycopg3)
+    return features(db).can_listen
 
 
 def payload(items: Iterable[str] | Iterable[int]) -> str:

@@ -28,13 +28,15 @@ from contextlib import contextmanager
 from django.db import DatabaseError, Error, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_jobs.db import features
+
 
 @contextmanager
 def hot_transaction(db: str) -> Iterator[None]:
     """``transaction.atomic(using=db)``, two round trips cheaper on MySQL/MariaDB."""
     connection = connections[db]
     if (
-        connection.vendor != "mysql"
+        not features(db).begins_transactions_by_statement
         or connection.in_atomic_block
         or not connection.get_autocommit()  # also opens the connection if need be
     ):

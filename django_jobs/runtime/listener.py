@@ -26,10 +26,9 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from django.db import connections
-
 from django_jobs.conf import JobsSettings
 from django_jobs.core.queues import QueueSelector
+from django_jobs.db import features
 from django_jobs.db.notify import CANCEL_CHANNEL, CHANNEL, first_line, own_connection_params
 from django_jobs.db.retry import Backoff
 from django_jobs.runtime.lifecycle import Lifecycle
@@ -50,14 +49,10 @@ OnCancel = Callable[[Collection[int] | None], None]
 
 def listen_alias(conf: JobsSettings) -> str | None:
     """The database alias to LISTEN through, or None when workers only poll."""
-    if conf.listen_notify is False or connections[conf.database].vendor != "postgresql":
+    if conf.listen_notify is False or not features(conf.database).can_listen:
         return None
     alias = conf.database if conf.listen_notify is True else conf.listen_notify
-    if connections[alias].vendor != "postgresql":
-        return None
-    from django.db.backends.postgresql.psycopg_any import is_psycopg3
-
-    return alias if is_psycopg3 else None
+    return alias if features(alias).can_listen else None
 
 
 def start_listener(
@@ -71,7 +66,7 @@ def start_listener(
     by default this process's watchdogs) if the database and settings allow it."""
     alias = listen_alias(conf)
     if alias is None:
-        if conf.listen_notify is False and connections[conf.database].vendor == "postgresql":
+        if conf.listen_notify is False and features(conf.database).can_listen:
             logger.info(
                 "not listening for ready jobs (DJANGO_JOBS['listen_notify'] is False): "
                 "polling every %ss (cancel requests every %ss)",

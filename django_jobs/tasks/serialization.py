@@ -20,13 +20,15 @@ from django.db import connections
 from django.utils.json import normalize_json
 
 from django_jobs.conf import size_limit
+from django_jobs.db import features
+from django_jobs.db.base import JSON_MAX_DEPTH
 from django_jobs.exceptions import InvalidTaskArguments, ResultNotStored
 from django_jobs.text import safe_repr
 
-# Levels of nesting a stored document may have. MariaDB's JSON_VALID refuses 32 and more;
-# elsewhere 100 keeps Python's own recursion (json, normalize_json) far from its limit.
-MARIADB_MAX_DEPTH = 31
-MAX_DEPTH = 100
+# Levels of nesting a stored document may have (``features(db).max_json_depth``: 31 on
+# MariaDB, whose JSON_VALID refuses 32; elsewhere 100 keeps Python's own recursion far from
+# its limit).
+MAX_DEPTH = JSON_MAX_DEPTH
 # What Python's own recursion (normalize_json, json.dumps) says of a value nested hundreds
 # of levels deep, or of one that contains itself: no walk of ours runs before it, so that
 # the common value costs nothing more.
@@ -37,14 +39,12 @@ RESULT_SIZE = "max_result_size"
 
 def max_depth(db: str | None) -> int:
     """How deeply a document stored through ``db`` may nest."""
-    if db is not None and connections[db].vendor == "mysql":
-        return MARIADB_MAX_DEPTH
-    return MAX_DEPTH
+    return MAX_DEPTH if db is None else features(db).max_json_depth
 
 
 def refuses_nul(db: str | None) -> bool:
     """PostgreSQL's ``jsonb`` refuses ``\\u0000``; the others store it."""
-    return db is not None and connections[db].vendor == "postgresql"
+    return db is not None and features(db).refuses_nul_in_text
 
 
 def depth(value: Any) -> int:
@@ -120,12 +120,13 @@ def storage_problem(
     if "\\ud" in text and has_lone_surrogate(value):
         return "contains a lone surrogate (a half of a UTF-16 pair), which is not text"
     if refuses_nul(db) and "\\u0000" in text and has_nul(value):
-        return "contains a NUL character (\\x00), which PostgreSQL cannot store in JSON"
+        name = connections[db].display_name
+        return f"contains a NUL character (\\x00), which {name} cannot store in JSON"
     allowed = max_depth(db)
     if text.count("[") + text.count("{") > allowed - base:
         found = depth(value)
         if found + base > allowed:
-            where = "MariaDB/MySQL's JSON" if allowed == MARIADB_MAX_DEPTH else "a job"
+            where = f"{connections[db].display_name}'s JSON" if allowed < MAX_DEPTH else "a job"
             return f"is nested {found} levels deep; {where} holds at most {allowed - base}"
     return None
 

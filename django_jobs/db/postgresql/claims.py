@@ -26,7 +26,7 @@ from django.db import connections
 from django.db.models import Q
 
 from django_jobs.db.notify import jobs_ready
-from django_jobs.db.pg_admission import lock_statement, recount_params, recount_statement
+from django_jobs.db.postgresql.admission import lock_statement, recount_params, recount_statement
 from django_jobs.limits import MAX_SECONDS
 from django_jobs.models import (
     ClaimedExecution,

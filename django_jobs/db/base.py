@@ -1,0 +1,165 @@
+"""The portable side of the database seam: the feature flags every database starts from, and
+the operations written once for all of them.
+
+In the manner of Django's ``connection.features`` / ``connection.ops``: the core asks
+``features(db)`` which path a database can take and ``ops(db)`` to run a database operation,
+so that what PostgreSQL, MariaDB/MySQL and SQLite do differently lives in one vendor module
+each (``postgresql/``, ``mysql.py``, ``sqlite.py``), never in an ``if vendor ==`` of the core.
+A flag is False (or the portable value) here; a vendor turns on only what it does better.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import connections, models
+from django.db.models import QuerySet
+
+if TYPE_CHECKING:
+    from django.db.models import Q
+
+    from django_jobs.models import Job, Semaphore
+
+RowT = TypeVar("RowT", bound=models.Model)
+
+# Documents nest at most this deep before we refuse them (Python's own recursion keeps a
+# margin below this).
+JSON_MAX_DEPTH = 100
+
+
+class Features:
+    """What a database can do, as the core needs to know it; the portable answers."""
+
+    # One statement claims a queue pattern's jobs and starts those it can (a data-modifying
+    # CTE with SKIP LOCKED); the portable claim is a transaction of several.
+    can_claim_in_one_statement = False
+    # One statement locks a process's claims and counts their jobs' attempts.
+    can_start_in_one_statement = False
+    # One statement finishes jobs without a batch (with concurrency keys: in one round trip
+    # with the release of their slots).
+    can_finish_in_one_statement = False
+    # One statement recounts locked semaphores' holders and promotes their blocked jobs.
+    can_promote_in_one_statement = False
+    # One statement inserts ready jobs and their ready rows (column arrays).
+    can_insert_ready_in_one_statement = False
+    # LISTEN/NOTIFY wakes idle workers (else they poll).
+    can_listen = False
+    # A locking read locks every row it reads, not only those it returns (InnoDB): a
+    # ``prefix*`` claim picks its candidates by plain reads first (core.claims.prefix_queues).
+    locks_every_row_read = False
+    # Starting a transaction by a statement of our own saves round trips (db.transactions).
+    begins_transactions_by_statement = False
+    # How deeply a stored JSON document may nest.
+    max_json_depth = JSON_MAX_DEPTH
+    # A NUL character (``\\u0000``) in a JSON document or text column is refused.
+    refuses_nul_in_text = False
+
+
+class Operations:
+    """Database operations written once for every database; vendors override some."""
+
+    def lock_in_key_order(self, rows: QuerySet[RowT], keys: Iterable[str]) -> list[RowT]:
+        """Lock the rows of ``keys`` (a ``key`` column) in ascending key order, by code point
+        as Python sorts: every path that holds several semaphores (or rate-limit rows) takes
+        them in this order, so no two can deadlock on them (docs/design.md section 4)."""
+        keys = sorted(set(keys))
+        if not keys:
+            return []
+        return list(rows.select_for_update().filter(key__in=keys).order_by("key"))
+
+    def delete_executions(
+        self, db: str, model: type[models.Model], job_ids: Collection[int]
+    ) -> int:
+        """Delete the rows of an execution table (keyed by ``job_id``) for ``job_ids``,
+        locking no row but those; returns how many."""
+        if not job_ids:
+            return 0
+        return model._default_manager.using(db).filter(job_id__in=list(job_ids)).delete()[0]
+
+    def delete_by_pk(self, db: str, model: type[models.Model], ids: Collection[int]) -> int:
+        """Delete ``model`` rows by primary key, locking only those rows, without the ORM's
+        cascade: for a job ``QuerySet.delete()`` would first read every column of each row,
+        then run a ``DELETE ... IN`` on each execution table, where a finished job has no
+        row. Returns how many."""
+        return self.delete_where(db, model, model._meta.pk.column, ids)
+
+    def delete_where(
+        self, db: str, model: type[models.Model], column: str, ids: Collection[int]
+    ) -> int:
+        """``DELETE FROM model WHERE column IN ids``, in chunks."""
+        if not ids:
+            return 0
+        connection = connections[db]
+        quote = connection.ops.quote_name
+        table, name = quote(model._meta.db_table), quote(column)
+        ordered = sorted(ids)
+        deleted = 0
+        with connection.cursor() as cursor:
+            for start in range(0, len(ordered), DELETE_CHUNK):
+                chunk = ordered[start : start + DELETE_CHUNK]
+                marks = ", ".join(["%s"] * len(chunk))
+                cursor.execute(f"DELETE FROM {table} WHERE {name} IN ({marks})", chunk)
+                deleted += cursor.rowcount
+        return deleted
+
+    # The fast paths below exist where a vendor's feature flag says so; the core checks the
+    # flag first, so the portable versions are never called.
+
+    def claim_matching(
+        self,
+        db: str,
+        process_id: int,
+        condition: Q,
+        limit: int,
+        now: datetime,
+        worker_id: str | None = None,
+    ) -> list[Job]:
+        """``features.can_claim_in_one_statement``: claim (and start) in one statement."""
+        raise NotImplementedError
+
+    def start_held(
+        self, db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
+    ) -> dict[int, Any]:
+        """``features.can_start_in_one_statement``: start this process's claimed jobs."""
+        raise NotImplementedError
+
+    def finish_unbatched(
+        self,
+        db: str,
+        process_id: int,
+        return_values: dict[int, object],
+        now: datetime,
+        *,
+        keyed: bool = False,
+    ) -> dict[int, str | None]:
+        """``features.can_finish_in_one_statement``: finish jobs without a batch."""
+        raise NotImplementedError
+
+    def finish_keyed(
+        self,
+        db: str,
+        process_id: int,
+        return_values: dict[int, object],
+        keys: Collection[str],
+        now: datetime,
+    ) -> list[int] | None:
+        """``features.can_finish_in_one_statement``: finish keyed jobs and free their slots
+        in one round trip; None where the connection cannot send several statements."""
+        raise NotImplementedError
+
+    def recount_and_promote(self, db: str, semaphores: list[Semaphore], now: datetime) -> int:
+        """``features.can_promote_in_one_statement``: recount and promote in one statement."""
+        raise NotImplementedError
+
+    def insert_ready_jobs(self, db: str, jobs: Sequence[Job]) -> None:
+        """``features.can_insert_ready_in_one_statement``: insert ready jobs in one statement
+        per :attr:`insert_chunk_size` jobs."""
+        raise NotImplementedError
+
+    insert_chunk_size = 5000
+
+
+# Ids per DELETE statement.
+DELETE_CHUNK = 500

@@ -1,0 +1,96 @@
+"""PostgreSQL: data-modifying CTEs do in one statement what the portable path does in a
+transaction of several (claim and start, start, finish, recount and promote, insert), and
+LISTEN/NOTIFY wakes idle workers. The statements are written in ``claims``, ``admission``
+and ``insert`` beside this module, each with its name and purpose."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import QuerySet
+from django.db.models.functions import Collate
+
+from django_jobs.db import base
+from django_jobs.db.base import RowT
+from django_jobs.db.postgresql import admission, claims, insert
+
+if TYPE_CHECKING:
+    from django.db.models import Q
+
+    from django_jobs.models import Job, Semaphore
+
+
+class Features(base.Features):
+    can_claim_in_one_statement = True
+    can_start_in_one_statement = True
+    can_finish_in_one_statement = True
+    can_promote_in_one_statement = True
+    can_insert_ready_in_one_statement = True
+    # jsonb refuses \u0000, and text columns refuse NUL.
+    refuses_nul_in_text = True
+
+    @cached_property
+    def can_listen(self) -> bool:  # type: ignore[override]
+        """Through psycopg 3, which the listener and the notifier use."""
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+        return bool(is_psycopg3)
+
+
+class Operations(base.Operations):
+    def lock_in_key_order(self, rows: QuerySet[RowT], keys: Iterable[str]) -> list[RowT]:
+        """One statement: PostgreSQL locks the rows of ``ORDER BY ... FOR UPDATE`` in the
+        sorted order, sorted by code point (collation "C") as Python sorts."""
+        keys = sorted(set(keys))
+        if not keys:
+            return []
+        rows = rows.select_for_update().filter(key__in=keys)
+        return list(rows.order_by(Collate("key", "C")))
+
+    def claim_matching(
+        self,
+        db: str,
+        process_id: int,
+        condition: Q,
+        limit: int,
+        now: datetime,
+        worker_id: str | None = None,
+    ) -> list[Job]:
+        return claims.claim_matching(db, process_id, condition, limit, now, worker_id)
+
+    def start_held(
+        self, db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
+    ) -> dict[int, Any]:
+        return claims.start_held(db, job_ids, process_id, worker_id, now)
+
+    def finish_unbatched(
+        self,
+        db: str,
+        process_id: int,
+        return_values: dict[int, object],
+        now: datetime,
+        *,
+        keyed: bool = False,
+    ) -> dict[int, str | None]:
+        return claims.finish_unbatched(db, process_id, return_values, now, keyed=keyed)
+
+    def finish_keyed(
+        self,
+        db: str,
+        process_id: int,
+        return_values: dict[int, object],
+        keys: Collection[str],
+        now: datetime,
+    ) -> list[int] | None:
+        return claims.finish_keyed(db, process_id, return_values, keys, now)
+
+    def recount_and_promote(self, db: str, semaphores: list[Semaphore], now: datetime) -> int:
+        return admission.recount_and_promote(db, semaphores, now)
+
+    def insert_ready_jobs(self, db: str, jobs: Sequence[Job]) -> None:
+        insert.insert_ready_jobs(db, jobs)
+
+    insert_chunk_size = insert.CHUNK_SIZE
