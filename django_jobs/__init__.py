@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from django_jobs import moved
@@ -9,7 +10,11 @@ from django_jobs import moved
 if TYPE_CHECKING:
     from django.tasks import Task, TaskResult
 
+    from django_jobs.core.batches import BatchResult
     from django_jobs.core.progress import Progress
+    from django_jobs.exceptions import Snooze
+    from django_jobs.tasks.backoff import Exponential
+    from django_jobs.tasks.job_task import Call, task
 
 moved.install()
 
@@ -28,14 +33,7 @@ __all__ = [
 ]
 
 
-def task(*args: Any, **kwargs: Any) -> Any:
-    """``@task`` with this backend's options, on Django 6.0 and 6.1 alike."""
-    from django_jobs.tasks.job_task import task as _task
-
-    return _task(*args, **kwargs)
-
-
-def bulk_enqueue(calls: Any, *, backend: str | None = None) -> list[TaskResult]:
+def bulk_enqueue(calls: Iterable[Call], *, backend: str | None = None) -> list[TaskResult]:
     """Enqueue ``[(task, args, kwargs), ...]`` in one transaction and a few queries.
 
     Every task must use the same backend (``backend`` defaults to the first task's).
@@ -56,14 +54,29 @@ def bulk_enqueue(calls: Any, *, backend: str | None = None) -> list[TaskResult]:
     return target.bulk_enqueue(calls)
 
 
-def enqueue_batch(calls: Any, **options: Any) -> Any:
+def enqueue_batch(
+    calls: Iterable[Call],
+    *,
+    on_finish: Task | None = None,
+    on_success: Task | None = None,
+    on_failure: Task | None = None,
+    concurrency_limit: int | None = None,
+    description: str = "",
+) -> BatchResult:
     """Enqueue ``[(task, args, kwargs), ...]`` as one batch with callbacks.
 
     See :func:`django_jobs.core.batches.enqueue_batch` for the options.
     """
     from django_jobs.core.batches import enqueue_batch as _enqueue_batch
 
-    return _enqueue_batch(calls, **options)
+    return _enqueue_batch(
+        calls,
+        on_finish=on_finish,
+        on_success=on_success,
+        on_failure=on_failure,
+        concurrency_limit=concurrency_limit,
+        description=description,
+    )
 
 
 def enqueue_on_commit(task: Task, *args: Any, using: str | None = None, **kwargs: Any) -> None:
@@ -140,6 +153,14 @@ def progress(result_id: str | int, *, using: str | None = None) -> Progress | No
 
 
 def __getattr__(name: str) -> Any:
+    """The public names whose modules load only when first used: ``import django_jobs``
+    stays fast (no ``django.tasks``, no models)."""
+    if name == "task":
+        # The function itself, not a wrapper: its overloads type ``@task`` and
+        # ``@task(...)``, and ``inspect.signature`` shows every option.
+        from django_jobs.tasks.job_task import task
+
+        return task
     if name == "Exponential":
         from django_jobs.tasks.backoff import Exponential
 

@@ -13,7 +13,17 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Literal,
+    TypedDict,
+    Unpack,
+    cast,
+    get_args,
+    overload,
+)
 
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Task
 from django.tasks.base import DEFAULT_TASK_PRIORITY
@@ -26,32 +36,54 @@ from django_jobs.tasks.backoff import BackoffSpec, Exponential, declared_seconds
 from django_jobs.tasks.rates import Rate, is_rate, parse_rate, resolve_rate
 from django_jobs.text import safe_repr
 
-ConcurrencyKey = str | Callable[..., str] | None
+if TYPE_CHECKING:
+    from django.tasks import TaskContext
 
-JOB_OPTION_NAMES = (
-    "max_attempts",
-    "backoff",
-    "concurrency_key",
-    "concurrency_limit",
-    "concurrency_group",
-    "concurrency_duration",
-    "on_conflict",
-    "unique_key",
-    "unique_until",
-    "timeout",
-    "rate_limit",
-    "rate_key",
-)
-ON_CONFLICT_CHOICES = ("block", "discard")
+ConcurrencyKey = str | Callable[..., str] | None
+OnConflict = Literal["block", "discard"]
+UniqueUntil = Literal["start", "finish"]
+ON_CONFLICT_CHOICES: tuple[str, ...] = get_args(OnConflict)
+UNIQUE_UNTIL_CHOICES: tuple[str, ...] = get_args(UniqueUntil)
 # Jobs of one key running at once. Far above any real limit, far below the column's
 # 2**31 - 1 (PostgreSQL and MariaDB refuse a bigger one at enqueue, not declaration).
 MAX_CONCURRENCY_LIMIT = 1_000_000
-UNIQUE_UNTIL_CHOICES = ("start", "finish")
+
+if TYPE_CHECKING:
+    TaskBase = Task
+else:
+
+    class TaskBase:
+        """``TaskBase[P, R]`` is Django's ``Task`` at run time: only django-stubs makes
+        ``Task`` generic (in its call's parameters and return value), the class is not."""
+
+        def __class_getitem__(cls, params: object) -> type[Task]:
+            return Task
+
+
+class JobOptions(TypedDict, total=False):
+    """The options ``@task(...)`` and ``JobTask.using(...)`` take beyond Django's: the
+    fields of :class:`JobTask` (a test checks that the two name the same options)."""
+
+    max_attempts: int
+    backoff: BackoffSpec
+    concurrency_key: ConcurrencyKey
+    concurrency_limit: int
+    concurrency_group: str | None
+    concurrency_duration: float | timedelta | None
+    on_conflict: OnConflict
+    unique_key: ConcurrencyKey
+    unique_until: UniqueUntil
+    timeout: float | timedelta | None
+    rate_limit: str | None
+    rate_key: ConcurrencyKey
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JobTask(Task):
+class JobTask[**P, R](TaskBase[P, R]):
     """A ``django.tasks.Task`` with this backend's options (docs/tasks.md).
+
+    ``P`` and ``R``: the task function's parameters and return value, as in django-stubs'
+    ``Task[P, R]``.
 
     - ``max_attempts``: attempts in all, retries included (1: never retried).
     - ``backoff``: seconds before a retry: a number, ``Exponential(...)`` or a
@@ -76,9 +108,9 @@ class JobTask(Task):
     concurrency_limit: int = 1
     concurrency_group: str | None = None
     concurrency_duration: float | timedelta | None = None
-    on_conflict: str = "block"
+    on_conflict: OnConflict = "block"
     unique_key: ConcurrencyKey = None
-    unique_until: str = "finish"
+    unique_until: UniqueUntil = "finish"
     timeout: float | timedelta | None = None
     rate_limit: str | None = None
     rate_key: ConcurrencyKey = None
@@ -94,8 +126,8 @@ class JobTask(Task):
         queue_name: str | None = None,
         run_after: datetime | None = None,
         backend: str | None = None,
-        **options: Any,
-    ) -> JobTask:
+        **options: Unpack[JobOptions],
+    ) -> JobTask[P, R]:
         """Django's ``using()``, plus per-call overrides of this backend's options."""
         reject_unknown_options(options, "Unknown task option(s) for using()")
         backoff = options.get("backoff")
@@ -110,8 +142,12 @@ class JobTask(Task):
                 f"{self.module_path}: a backoff function is declared with the task "
                 "(@task(backoff=...)), not per call; per call, give seconds or Exponential(...)"
             )
-        base = Task.using(
-            self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
+        # Task.using is dataclasses.replace(self, ...): a copy of this JobTask.
+        base = cast(
+            "JobTask[P, R]",
+            Task.using(
+                self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
+            ),
         )
         return replace(base, **options) if options else base
 
@@ -194,6 +230,13 @@ class JobTask(Task):
         if isinstance(duration, timedelta):
             return duration.total_seconds()
         return None if duration is None else float(duration)
+
+
+# The options, in declaration order, and each one's default (for a plain Django ``Task``):
+# JobTask's own fields, so that a new option is one field (and its line in JobOptions).
+OPTION_FIELDS = [f for f in fields(JobTask) if f.name not in {t.name for t in fields(Task)}]
+JOB_OPTION_NAMES = tuple(f.name for f in OPTION_FIELDS)
+JOB_OPTION_DEFAULTS: dict[str, Any] = {f.name: f.default for f in OPTION_FIELDS}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -365,6 +408,47 @@ def validate_key_template(task: Task, template: str, option: str = "concurrency_
             )
 
 
+# The overloads are django-stubs' own for django.tasks.task (a function, or options first
+# and then a function; with or without the context as first parameter), with this
+# backend's options. Each returns a JobTask: what a django-jobs backend's task_class makes.
+@overload
+def task[**P, R](
+    function: Callable[Concatenate[TaskContext, P], R],
+    *,
+    priority: int = ...,
+    queue_name: str = ...,
+    backend: str = ...,
+    takes_context: Literal[True],
+    **options: Unpack[JobOptions],
+) -> JobTask[P, R]: ...
+@overload
+def task[**P, R](
+    function: Callable[P, R],
+    *,
+    priority: int = ...,
+    queue_name: str = ...,
+    backend: str = ...,
+    takes_context: Literal[False] = False,
+    **options: Unpack[JobOptions],
+) -> JobTask[P, R]: ...
+@overload
+def task[**P, R](
+    *,
+    priority: int = ...,
+    queue_name: str = ...,
+    backend: str = ...,
+    takes_context: Literal[True],
+    **options: Unpack[JobOptions],
+) -> Callable[[Callable[Concatenate[TaskContext, P], R]], JobTask[P, R]]: ...
+@overload
+def task[**P, R](
+    *,
+    priority: int = ...,
+    queue_name: str = ...,
+    backend: str = ...,
+    takes_context: Literal[False] = False,
+    **options: Unpack[JobOptions],
+) -> Callable[[Callable[P, R]], JobTask[P, R]]: ...
 def task(
     function: Callable[..., Any] | None = None,
     *,
@@ -372,16 +456,22 @@ def task(
     queue_name: str = DEFAULT_TASK_QUEUE_NAME,
     backend: str = DEFAULT_TASK_BACKEND_ALIAS,
     takes_context: bool = False,
-    **options: Any,
-) -> Any:
-    """``django.tasks.task`` that also takes this backend's options on Django 6.0."""
+    **options: Unpack[JobOptions],
+) -> Task[..., Any] | Callable[[Callable[..., Any]], Task[..., Any]]:
+    """``django.tasks.task`` with this backend's options (:class:`JobOptions`), on
+    Django 6.0 as on 6.1.
+
+    ``@task`` on a function, or ``@task(max_attempts=3, ...)``, makes a task of the
+    backend's ``task_class``: a :class:`JobTask` with a django-jobs backend. Another
+    backend's task class takes no options: given any, it raises ``InvalidTask``.
+    """
     from django.tasks import task_backends
 
     reject_unknown_options(options, "Unknown task option(s)")
 
-    def wrapper(func: Callable[..., Any]) -> Task:
-        task_class = task_backends[backend].task_class
-        if options and not issubclass(task_class, JobTask):
+    def wrapper(func: Callable[..., Any]) -> Task[..., Any]:
+        task_class: Callable[..., Task[..., Any]] = task_backends[backend].task_class
+        if options and not issubclass(task_backends[backend].task_class, JobTask):
             raise InvalidTask(f"Backend {backend!r} does not take django-jobs task options")
         return task_class(
             func=func,
@@ -398,26 +488,27 @@ def task(
     return wrapper
 
 
+def with_options(signature: inspect.Signature) -> inspect.Signature:
+    """``signature`` with its ``**options`` spelled out: one keyword per option of
+    :class:`JobTask`, with its default, as ``help()`` and ``inspect.signature`` show it."""
+    kept = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    options = [
+        inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
+        for f in OPTION_FIELDS
+    ]
+    return signature.replace(parameters=[*kept, *options])
+
+
+# typeshed declares no __signature__ on a function; inspect.signature reads it.
+task.__signature__ = with_options(inspect.signature(task))  # type: ignore[attr-defined]
+
+
 def job_options(task: Task) -> dict[str, Any]:
     """This backend's options of ``task``, defaults for a plain Django ``Task``."""
     if isinstance(task, JobTask):
-        return {
-            f.name: getattr(task, f.name) for f in fields(JobTask) if f.name in JOB_OPTION_NAMES
-        }
-    return {
-        "max_attempts": 1,
-        "backoff": None,
-        "concurrency_key": None,
-        "concurrency_limit": 1,
-        "concurrency_group": None,
-        "concurrency_duration": None,
-        "on_conflict": "block",
-        "unique_key": None,
-        "unique_until": "finish",
-        "timeout": None,
-        "rate_limit": None,
-        "rate_key": None,
-    }
+        return {name: getattr(task, name) for name in JOB_OPTION_NAMES}
+    return dict(JOB_OPTION_DEFAULTS)
 
 
 Call = tuple[Task, Sequence[Any], Mapping[str, Any]]
