@@ -103,7 +103,7 @@ def cancel(result_id: str | int, *, using: str | None = None) -> str:
     unknown id and ``JobAlreadyFinished`` for a job that has ended.
     """
     from django_jobs.conf import database_alias
-    from django_jobs.core.cancellation import cancel_job
+    from django_jobs.core.operator import cancel_job
 
     return cancel_job(using or database_alias(), int(result_id))
 
@@ -121,7 +121,7 @@ def cancel_requested() -> bool:
     Check it between steps of a long task to stop cleanly before the worker
     interrupts the thread by force. Outside a job: False.
     """
-    from django_jobs.runtime.watchdog import cancel_requested as requested
+    from django_jobs.core.current_job import cancel_requested as requested
 
     return requested()
 

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs.core.maintenance import prune_finished_jobs
-from django_jobs.core.operations import retry_failed_job
+from django_jobs.core.operator import retry_failed_job
 from django_jobs.models import Batch, FailedExecution, Job, JobStatus
 from tests.factories import (
     ClaimedExecutionFactory,

@@ -1,7 +1,7 @@
 """The jobs admin: dashboard, job list and pages, blocked keys, stuck jobs, processes,
 rate-limited keys, recurring tasks and batches.
 
-Every action goes through :mod:`django_jobs.core.operations`, which takes the
+Every action goes through :mod:`django_jobs.core.operator`, which takes the
 worker's own locks; see ``docs/admin.md``.
 """
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from django_jobs.admin.base import REFRESH_SECONDS, PageAdmin
 from django_jobs.conf import JobsSettings
-from django_jobs.core import operations
+from django_jobs.core import operator as operations
 from django_jobs.models import BlockedExecution, BlockedKey, Process
 from django_jobs.observability import inspection
 
@@ -39,7 +39,8 @@ class BlockedKeyAdmin(PageAdmin):
         groups = inspection.blocked_keys(db, now, keys=list(page.object_list))
         holders = {key.key: inspection.key_holders(db, key.key) for key in groups}
         process_ids = {h.process_id for hs in holders.values() for h in hs if h.process_id}
-        names = dict(Process.objects.using(db).filter(pk__in=process_ids).values_list("pk", "name"))
+        found = Process.objects.using(db).filter(pk__in=process_ids).values_list("pk", "name")
+        names: dict[int | None, str] = dict(found)
         for hs in holders.values():
             for holder in hs:
                 holder.process_name = names.get(holder.process_id, "")

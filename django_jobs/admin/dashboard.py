@@ -14,7 +14,7 @@ from django_jobs.admin.base import REFRESH_SECONDS, PageAdmin
 from django_jobs.admin.chart import bars
 from django_jobs.admin.processes import process_rows
 from django_jobs.conf import JobsSettings
-from django_jobs.core import operations
+from django_jobs.core import operator as operations
 from django_jobs.models import Dashboard, JobStatus, Pause
 from django_jobs.observability import inspection
 

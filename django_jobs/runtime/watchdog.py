@@ -8,10 +8,11 @@ thread per worker process:
   runs: every ``cancel_poll_interval`` seconds (a setting, 1 by default), and at
   once when the process's LISTEN connection hears that one was made (PostgreSQL:
   ``notify.cancel_requested`` sends it after the request commits,
-  ``runner.listener`` hands it to :func:`cancel_notified`). The notification is
+  ``runtime.listener`` hands it to :func:`cancel_notified`). The notification is
   only a hint to look now: the request itself is the column, so the poll finds
   it if the notification is lost, and recovery if the worker dies;
-- lets the task see it (``django_jobs.cancel_requested()``), then raises
+- lets the task see it (``django_jobs.cancel_requested()``, which reads the ``requested``
+  event of the job's :class:`Control` through ``core.current_job``), then raises
   :class:`~django_jobs.exceptions.JobTimeout` at once, or
   :class:`~django_jobs.exceptions.JobCancelled` after ``interrupt_grace``
   seconds, inside the job's thread (``PyThreadState_SetAsyncExc``: delivered at
@@ -39,7 +40,6 @@ behind as it exits), not the watchdog's stuck path.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import ctypes
 import os
 import threading
@@ -51,6 +51,10 @@ from dataclasses import dataclass, field
 from django.db import close_old_connections
 
 from django_jobs.conf import JobsSettings
+
+# Re-exported: the executor sets it around a job's body (core/current_job.py says why it
+# lives below the runtime).
+from django_jobs.core.current_job import current_control as current_control
 from django_jobs.db.retry import DB_ERRORS, reset_connection
 from django_jobs.exceptions import JobCancelled, JobInterrupted, JobTimeout, WorkerShutdown
 from django_jobs.models import Job
@@ -141,21 +145,6 @@ class Control:
             self.loop.call_soon_threadsafe(self.task.cancel, message)
         except RuntimeError:  # the loop has closed: the body is over
             pass
-
-
-current_control: contextvars.ContextVar[Control | None] = contextvars.ContextVar(
-    "django_jobs_current_control", default=None
-)
-
-
-def cancel_requested() -> bool:
-    """True inside a running job once it has been cancelled or has timed out.
-
-    A task that checks it between steps can stop cleanly (return or raise)
-    before it is interrupted by force. Outside a job it is always False.
-    """
-    control = current_control.get()
-    return control is not None and control.requested.is_set()
 
 
 def raise_in_thread(thread_id: int, exception: type[BaseException] | None) -> int:
