@@ -14,6 +14,6 @@ def child_main(kind: str, overrides: dict[str, Any], supervisor_id: int, verbosi
     import django
 
     django.setup()
-    from django_jobs.runtime.supervisor import run_child
+    from django_jobs.runtime.child import run_child
 
     run_child(kind, overrides, supervisor_id, verbosity)
