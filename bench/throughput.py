@@ -204,9 +204,9 @@ from django_tasks_db.utils import exclusive_transaction  # noqa: E402
 from bench.tasks import noop, noop_keyed, noop_rated, peer_noop  # noqa: E402
 from django_jobs.backend import JobsBackend  # noqa: E402
 from django_jobs.conf import JobsSettings  # noqa: E402
-from django_jobs.core.claims import claim_jobs  # noqa: E402
 from django_jobs.core.processes import register_process  # noqa: E402
 from django_jobs.core.queues import QueueSelector  # noqa: E402
+from django_jobs.core.ready import claim_jobs  # noqa: E402
 from django_jobs.models import FINISHED_STATUSES, Job, JobStatus, Process, ReadyExecution  # noqa: E402
 from tests.harness import create_server_database  # noqa: E402
 

@@ -35,7 +35,7 @@ def fresh_prefix_queue_names():
     """A worker process remembers for a second which queues a ``prefix*`` pattern
     covers (claims.prefix_queues, MariaDB/MySQL); each test starts without the last
     test's queues."""
-    from django_jobs.core.claims import PREFIX_NAMES
+    from django_jobs.core.ready import PREFIX_NAMES
 
     PREFIX_NAMES.clear()
 

@@ -20,9 +20,10 @@ from django.utils.csp import CSP
 from django_jobs import enqueue_batch
 from django_jobs import task as jobs_task
 from django_jobs.admin import filters, pagination
-from django_jobs.core.claims import claim_jobs, start_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.starting import start_job
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,

@@ -24,9 +24,11 @@ from django_jobs import enqueue_batch
 from django_jobs import task as jobs_task
 from django_jobs.admin.dashboard import DashboardAdmin
 from django_jobs.admin.jobs import JobAdmin
-from django_jobs.core.claims import claim_jobs, finish_job, start_job
+from django_jobs.core.claimed import finish_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.starting import start_job
 from django_jobs.models import (
     ClaimedExecution,
     Job,

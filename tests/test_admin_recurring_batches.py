@@ -18,10 +18,13 @@ from django.utils import timezone
 from django_jobs import enqueue_batch
 from django_jobs.admin import batches as batches_admin
 from django_jobs.core.batches import current_job_id
-from django_jobs.core.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
+from django_jobs.core.claimed import fail_job, finish_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
 from django_jobs.core.recurring import enqueue_tick, parse_entry, sync_recurring_tasks
+from django_jobs.core.rows import ErrorInfo
+from django_jobs.core.starting import start_job
 from django_jobs.models import Batch, Job, JobStatus, RecurringExecution, RecurringTask
 from tests import batch_tasks as bt
 from tests.test_admin import messages_of, text

@@ -16,9 +16,11 @@ from django.db import OperationalError, connection, transaction
 from django_jobs import bulk_enqueue
 from django_jobs.core import admission
 from django_jobs.core.admission import reconcile_key, release_slot
-from django_jobs.core.claims import claim_jobs, finish_job, finish_jobs, start_job
+from django_jobs.core.claimed import finish_job, finish_jobs
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.starting import start_job
 from django_jobs.db.postgresql import admission as pg_admission
 from django_jobs.models import (
     BlockedExecution,
@@ -200,13 +202,14 @@ class TestFinishPromotes:
 @pytest.mark.django_db(transaction=True)
 def test_the_one_message_keyed_finish_is_all_or_nothing(worker):
     """PostgreSQL sends a keyed finish, its semaphores' lock and the promotion as three
-    statements in one message (pg_claims.finish_keyed): the server must run them as
+    statements in one message (db/postgresql/claims.py, finish_keyed): the server must run them as
     one transaction, so a promotion that fails takes the finish back too. Sent as
     three transactions, the finish would stay and the blocked job would be stranded."""
     if vendor() != "postgresql":
         pytest.skip("the one-message finish is PostgreSQL's")
     a = enqueue(tt.one_at_a_time, "x")
     job = run_next(worker)
+    known = [job]  # the worker's copy: a key, no batch
     b = enqueue(tt.one_at_a_time, "x")
     assert status(b) == B
     held, release = threading.Event(), threading.Event()
@@ -224,7 +227,7 @@ def test_the_one_message_keyed_finish_is_all_or_nothing(worker):
         cursor.execute("SET lock_timeout = '300ms'")
     try:
         with pytest.raises(OperationalError, match="lock timeout"):
-            finish_jobs(DB, worker.pk, {a: "done"}, keyed={a: job.concurrency_key})
+            finish_jobs(DB, worker.pk, {a: "done"}, known)
     finally:
         with connection.cursor() as cursor:
             cursor.execute("RESET lock_timeout")
@@ -235,7 +238,7 @@ def test_the_one_message_keyed_finish_is_all_or_nothing(worker):
     assert ClaimedExecution.objects.filter(job_id=a, process_id=worker.pk).exists()
     assert status(b) == B and semaphore("one/x") == (1, 0)
     # Once the row is free, the same call does all three, once.
-    assert finish_jobs(DB, worker.pk, {a: "done"}, keyed={a: job.concurrency_key}) == {a}
+    assert finish_jobs(DB, worker.pk, {a: "done"}, known) == {a}
     assert status(a) == JobStatus.SUCCEEDED and status(b) == R
     assert semaphore("one/x") == (1, 0)
 

@@ -17,9 +17,12 @@ from django.utils import timezone
 from django_jobs import Exponential, bulk_enqueue, enqueue_on_commit
 from django_jobs import task as jobs_task
 from django_jobs.checks import backend_checks, sqlite_checks
-from django_jobs.core.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
+from django_jobs.core.claimed import fail_job, finish_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.rows import ErrorInfo
+from django_jobs.core.starting import start_job
 from django_jobs.exceptions import InvalidTaskArguments
 from django_jobs.models import Job, JobStatus, ReadyExecution, ScheduledExecution
 from tests import tasks

@@ -11,14 +11,16 @@ import pytest
 from django.db import OperationalError, connection, transaction  # noqa: F401  (skipif reads it)
 from django.utils import timezone
 
-from django_jobs import backend as backend_module
 from django_jobs import enqueue_batch
 from django_jobs import task as jobs_task
-from django_jobs.core import admission, batches, claims
-from django_jobs.core.claims import claim_jobs, finish_job, start_job
+from django_jobs.core import admission, batches, claimed
+from django_jobs.core import enqueue as enqueue_module
+from django_jobs.core.claimed import finish_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
 from django_jobs.core.scheduling import promote_due_jobs
+from django_jobs.core.starting import start_job
 from django_jobs.models import Batch, Job, ReadyExecution, ScheduledExecution
 from tests import batch_tasks as bt
 from tests.test_races import ALL, DB, Paused, Runner, wait_for
@@ -47,7 +49,7 @@ def race_last_two_items(monkeypatch, worker) -> int:
     jobs = claim_jobs(DB, worker.pk, ALL, 2)
     for job in jobs:
         assert start_job(DB, job, worker.pk, worker.name)
-    paused = Paused(monkeypatch, claims, "count_outcomes")
+    paused = Paused(monkeypatch, claimed, "count_outcomes")
     first = Runner(lambda: finish_job(DB, jobs[0].pk, worker.pk, 0), paused)
     first.start()
     assert paused.reached.wait(10)  # item 1 counted, not committed
@@ -85,7 +87,7 @@ def test_unprotected_items_finishing_at_once_lose_a_count_and_never_fire(monkeyp
             batch.save(using=db, update_fields=fields)
 
     monkeypatch.setattr(batches, "count_outcomes", unlocked)
-    monkeypatch.setattr(claims, "count_outcomes", unlocked)
+    monkeypatch.setattr(claimed, "count_outcomes", unlocked)
     batch_id = race_last_two_items(monkeypatch, worker)
     batch = Batch.objects.get(pk=batch_id)
     assert (batch.pending, batch.succeeded) == (1, 1)  # a lost update: both items succeeded
@@ -96,7 +98,7 @@ def test_unprotected_items_finishing_at_once_lose_a_count_and_never_fire(monkeyp
 
 
 def race_two_unique_enqueues(monkeypatch) -> tuple[str, str]:
-    paused = Paused(monkeypatch, backend_module, "admit_jobs", before=True)
+    paused = Paused(monkeypatch, enqueue_module, "admit_jobs", before=True)
     first = Runner(lambda: bt.unique_report.enqueue(42).id, paused)
     first.start()
     assert paused.reached.wait(10)  # the first job's row is inserted, not committed
@@ -123,7 +125,7 @@ def test_unprotected_read_then_insert_makes_two_jobs(monkeypatch):
         job.save(using=db, force_insert=True)
         return None
 
-    monkeypatch.setattr(backend_module, "insert_unique", read_then_insert)
+    monkeypatch.setattr(enqueue_module, "insert_unique", read_then_insert)
     first, second = race_two_unique_enqueues(monkeypatch)
     assert first != second
     assert Job.objects.filter(task_path="tests.batch_tasks.unique_report").count() == 2

@@ -10,21 +10,18 @@ from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
 from django_jobs import enqueue_batch
-from django_jobs.core import operations
+from django_jobs.core import operator as operations
 from django_jobs.core.batches import current_job_id
-from django_jobs.core.claims import (
-    ErrorInfo,
-    claim_jobs,
-    fail_job,
-    finish_job,
-    recover_process_claims,
-    start_job,
-)
-from django_jobs.core.discard import discard_job
+from django_jobs.core.claimed import fail_job, finish_job
 from django_jobs.core.maintenance import clear_finished_jobs
+from django_jobs.core.operator import discard_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.recovery import recover_process_claims
+from django_jobs.core.rows import ErrorInfo
 from django_jobs.core.scheduling import promote_due_jobs
+from django_jobs.core.starting import start_job
 from django_jobs.models import (
     Batch,
     BlockedExecution,

@@ -24,10 +24,13 @@ from hypothesis import strategies as st
 
 from django_jobs import Exponential, Snooze
 from django_jobs import task as jobs_task
-from django_jobs.core.claims import ErrorInfo, claim_jobs, fail_job, start_job, start_jobs
+from django_jobs.core.claimed import fail_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.rate_limits import Window
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.rows import ErrorInfo
+from django_jobs.core.starting import start_job, start_jobs
 from django_jobs.limits import MAX_ATTEMPTS, MAX_SECONDS
 from django_jobs.models import Job, JobStatus, RateLimit, ScheduledExecution
 from django_jobs.tasks.backoff import DEFAULT_BACKOFF, retry_delay

@@ -7,16 +7,12 @@ import pytest
 from django.db import connection
 
 from django_jobs import cancel
-from django_jobs.core.claims import (
-    ErrorInfo,
-    claim_jobs,
-    fail_job,
-    finish_job,
-    release_job,
-    start_jobs,
-)
+from django_jobs.core.claimed import fail_job, finish_job, release_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.rows import ErrorInfo
+from django_jobs.core.starting import start_jobs
 from django_jobs.models import ClaimedExecution, FailedExecution, Job, JobStatus
 from tests import batch_tasks, rate_tasks, tasks
 from tests import transition_tasks as tt

@@ -15,21 +15,14 @@ from django.utils import timezone
 
 from django_jobs import bulk_enqueue
 from django_jobs.conf import parse_queue_list
-from django_jobs.core.claims import (
-    ErrorInfo,
-    claim_jobs,
-    fail_job,
-    finish_job,
-    finish_jobs,
-    recover_claim,
-    recover_process_claims,
-    release_job,
-    start_job,
-    start_jobs,
-)
+from django_jobs.core.claimed import fail_job, finish_job, finish_jobs, release_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.recovery import recover_claim, recover_process_claims
+from django_jobs.core.rows import ErrorInfo
 from django_jobs.core.scheduling import promote_due_jobs
+from django_jobs.core.starting import start_job, start_jobs
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -683,13 +676,14 @@ def test_a_batched_start_counts_only_the_claims_still_held(worker):
 
 @pytest.mark.parametrize("hinted", [False, True], ids=["general", "plain"])
 def test_a_batched_finish_writes_only_the_claims_still_held(worker, hinted):
-    """``plain`` (no key, no batch) takes PostgreSQL's one statement: the same rule."""
+    """Jobs known to have no key and no batch take PostgreSQL's one statement: the same
+    rule."""
     bulk_enqueue([(tt.noop, (n,), {}) for n in range(2)])
     jobs = claim_jobs(DB, worker.pk, ALL, 2)
     kept, lost = start_jobs(DB, jobs, worker.pk, worker.name)
     assert recover_claim(DB, lost.pk, worker.pk, "pruned") == "failed"
-    plain = [kept.pk, lost.pk] if hinted else []
-    assert finish_jobs(DB, worker.pk, {kept.pk: "kept", lost.pk: "lost"}, plain) == {kept.pk}
+    known = [kept, lost] if hinted else []
+    assert finish_jobs(DB, worker.pk, {kept.pk: "kept", lost.pk: "lost"}, known) == {kept.pk}
     rows = {job.pk: job for job in Job.objects.all()}
     assert (rows[kept.pk].status, rows[kept.pk].return_value) == (JobStatus.SUCCEEDED, "kept")
     assert (rows[lost.pk].status, rows[lost.pk].return_value) == (JobStatus.FAILED, None)
@@ -707,8 +701,8 @@ def test_a_batched_finish_writes_each_jobs_own_return_value(worker, hinted):
     bulk_enqueue([(tt.noop, (n,), {}) for n in range(len(RETURN_VALUES))])
     jobs = start_jobs(DB, claim_jobs(DB, worker.pk, ALL, len(RETURN_VALUES)), worker.pk, "w")
     values = {job.pk: value for job, value in zip(jobs, RETURN_VALUES, strict=True)}
-    plain = list(values) if hinted else []
-    assert finish_jobs(DB, worker.pk, values, plain) == set(values)
+    known = jobs if hinted else []
+    assert finish_jobs(DB, worker.pk, values, known) == set(values)
     rows = dict(Job.objects.values_list("pk", "return_value"))
     assert rows == values
     assert set(Job.objects.values_list("status", flat=True)) == {JobStatus.SUCCEEDED}
@@ -717,14 +711,14 @@ def test_a_batched_finish_writes_each_jobs_own_return_value(worker, hinted):
 
 @pytest.mark.parametrize("hinted", [False, True], ids=["general", "wrongly-plain"])
 def test_a_batched_finish_frees_each_keys_slot_for_its_next_job(worker, hinted):
-    """A keyed job wrongly hinted as plain still frees its slot: the one statement
-    leaves it to the general path."""
+    """A keyed job whose caller's copy wrongly says it has no key still frees its slot:
+    the one statement leaves it to the general path."""
     bulk_enqueue([(tt.one_at_a_time, (key, n), {}) for n in range(2) for key in ("b", "a")])
     holders = claim_jobs(DB, worker.pk, ALL, 10)
     assert sorted(job.concurrency_key for job in holders) == ["one/a", "one/b"]
     start_jobs(DB, holders, worker.pk, worker.name)
-    plain = [job.pk for job in holders] if hinted else []
-    assert finish_jobs(DB, worker.pk, {job.pk: None for job in holders}, plain) == {
+    known = [Job(pk=job.pk) for job in holders] if hinted else []
+    assert finish_jobs(DB, worker.pk, {job.pk: None for job in holders}, known) == {
         job.pk for job in holders
     }
     assert not BlockedExecution.objects.exists()

@@ -20,9 +20,11 @@ from django.utils import timezone
 from django_jobs import Snooze, cancel, enqueue_batch
 from django_jobs import task as jobs_task
 from django_jobs.checks import backend_checks
-from django_jobs.core.claims import claim_jobs, release_job, snooze_job, start_jobs
+from django_jobs.core.claimed import release_job, snooze_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.starting import start_jobs
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
 from django_jobs.models import (
     Batch,

@@ -18,8 +18,8 @@ from django.db import OperationalError, connection, connections
 from django.utils import timezone
 
 from django_jobs.conf import JobsSettings
-from django_jobs.core.claims import claim_jobs
 from django_jobs.core.processes import register_process
+from django_jobs.core.ready import claim_jobs
 from django_jobs.models import ClaimedExecution, JobStatus, Process
 from django_jobs.runtime.lifecycle import Lifecycle
 from django_jobs.runtime.worker import Worker

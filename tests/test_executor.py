@@ -8,9 +8,9 @@ import pytest
 from django.tasks import TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 
-from django_jobs.core.claims import claim_jobs
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
 from django_jobs.models import FailedExecution, Job, JobStatus
 from django_jobs.runtime.context import ExecutionContext
 from django_jobs.runtime.executor import execute_job

@@ -17,9 +17,9 @@ from django.utils import timezone
 
 from django_jobs import bulk_enqueue
 from django_jobs import task as jobs_task
-from django_jobs.core.claims import claim_jobs
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
 from django_jobs.exceptions import InvalidTaskArguments
 from django_jobs.models import FailedExecution, Job, JobStatus
 from django_jobs.runtime.completer import Success, write_isolated

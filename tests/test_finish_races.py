@@ -23,10 +23,12 @@ import threading
 import pytest
 from django.db import OperationalError, connection, connections  # noqa: F401 (skipif strings)
 
-from django_jobs.core import claims
-from django_jobs.core.claims import claim_jobs, finish_jobs, start_jobs
+from django_jobs.core.claimed import finish_jobs
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.starting import start_jobs
+from django_jobs.db import ops
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -66,14 +68,15 @@ def in_one_statement(db, model, job_ids):
 def both_at_the_delete_of(monkeypatch, model, delete=None):
     """Make the first delete of ``model`` in each of two threads wait for the other."""
     barrier = threading.Barrier(2, timeout=10)
-    original = delete or claims.delete_executions
+    seam = ops(DB)
+    original = delete or seam.delete_executions
 
     def meet_then_delete(db, target, job_ids):
         if target is model:
             barrier.wait()
         return original(db, target, job_ids)
 
-    monkeypatch.setattr(claims, "delete_executions", meet_then_delete)
+    monkeypatch.setattr(seam, "delete_executions", meet_then_delete)
 
 
 def run_both(targets: dict, succeeded) -> dict[str, Exception]:

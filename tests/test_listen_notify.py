@@ -44,9 +44,10 @@ from django_jobs import bulk_enqueue, cancel
 from django_jobs.checks import backend_checks
 from django_jobs.conf import JobsSettings
 from django_jobs.core.admission import make_ready
-from django_jobs.core.claims import claim_jobs, start_jobs
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.starting import start_jobs
 from django_jobs.db import notify
 from django_jobs.db.notify import CANCEL_CHANNEL, Notifier
 from django_jobs.models import Job, JobStatus

@@ -1,4 +1,4 @@
-"""Operator actions (``django_jobs.core.operations``): each acts only on the state it expects,
+"""Operator actions (``django_jobs.core.operator``): each acts only on the state it expects,
 goes through the key's semaphore, and leaves the limit and the free count right."""
 
 from __future__ import annotations
@@ -6,10 +6,13 @@ from __future__ import annotations
 import pytest
 
 from django_jobs import task as jobs_task
-from django_jobs.core import operations
-from django_jobs.core.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
+from django_jobs.core import operator as operations
+from django_jobs.core.claimed import fail_job, finish_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.rows import ErrorInfo
+from django_jobs.core.starting import start_job
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,

@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 from django.db import connection, transaction  # noqa: F401  (skipif reads connection)
 
-from django_jobs.core import admission, operations
-from django_jobs.core.claims import finish_job
+from django_jobs.core import admission
+from django_jobs.core import operator as operations
+from django_jobs.core.claimed import finish_job
 from django_jobs.core.processes import register_process
 from django_jobs.models import Job, JobStatus, ReadyExecution, Semaphore
 from tests.test_operations import run_and_fail

@@ -15,10 +15,13 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import bulk_enqueue
-from django_jobs.core.claims import ErrorInfo, claim_jobs, fail_job, finish_jobs, start_jobs
+from django_jobs.core.claimed import fail_job, finish_jobs
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.rows import ErrorInfo
 from django_jobs.core.scheduling import promote_due_jobs
+from django_jobs.core.starting import start_jobs
 from django_jobs.models import Job, JobStatus, ScheduledExecution
 from tests import tasks
 from tests import transition_tasks as tt
@@ -106,7 +109,7 @@ def test_batched_finish_does_not_grow_with_the_jobs(worker):
     def finish(jobs, value=lambda job: None):
         # As the completer calls it: these jobs have neither a key nor a batch.
         values = {job.pk: value(job) for job in jobs}
-        return lambda: finish_jobs(DB, worker.pk, values, plain=list(values))
+        return lambda: finish_jobs(DB, worker.pk, values, jobs)
 
     few = count(finish(few_jobs))
     many = count(finish(many_jobs))
@@ -166,8 +169,8 @@ def test_batched_finish_of_keyed_jobs_costs_the_same_for_one_key_or_many(worker)
 
     def finish(values: dict[int, None], hinted: bool):
         # As the completer calls it: these jobs have a key and no batch.
-        keyed = {pk: keys[pk] for pk in values} if hinted else {}
-        return lambda: finish_jobs(DB, worker.pk, values, keyed=keyed)
+        known = [Job(pk=pk, concurrency_key=keys[pk]) for pk in values] if hinted else []
+        return lambda: finish_jobs(DB, worker.pk, values, known)
 
     counts = {}
     for hinted in (False, True):

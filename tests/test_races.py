@@ -24,19 +24,17 @@ from django.db import InterfaceError, OperationalError, connection, connections,
 from django.utils import timezone
 
 from django_jobs import task as jobs_task
-from django_jobs.core import admission, claims
-from django_jobs.core.claims import (
-    ErrorInfo,
-    claim_jobs,
-    finish_job,
-    recover_process_claims,
-    release_job,
-    start_job,
-)
-from django_jobs.core.discard import discard_job
+from django_jobs.core import admission, claimed, ready
+from django_jobs.core import recovery as recovery_module
+from django_jobs.core.claimed import finish_job, release_job
 from django_jobs.core.maintenance import reconcile_blocked_keys
+from django_jobs.core.operator import discard_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.recovery import recover_process_claims
+from django_jobs.core.rows import ErrorInfo
+from django_jobs.core.starting import start_job
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -278,7 +276,7 @@ def test_c_release_during_a_finish_keeps_the_limit_and_the_count(monkeypatch, wo
     (handed_back,) = claim_jobs(DB, worker.pk, ALL, 1)  # claimed, never started
     waiting = int(two_at_a_time.enqueue(1).id)
     assert Job.objects.get(pk=waiting).status == JobStatus.BLOCKED
-    paused = Paused(monkeypatch, claims, "hand_back_to_key")
+    paused = Paused(monkeypatch, claimed, "hand_back_to_key")
     release = Runner(lambda: release_job(DB, handed_back.pk, worker.pk), paused)
     release.start()
     assert paused.reached.wait(10)
@@ -330,7 +328,7 @@ def test_e_death_inside_finish_rolls_back_and_recovery_frees_one_slot(monkeypatc
     """Solid Queue PR #689 item 5: finish and unblock are one transaction."""
     holder = started_job(one_at_a_time, 1, worker)
     blocked = [int(one_at_a_time.enqueue(1).id) for _ in range(2)]
-    paused = Paused(monkeypatch, claims, "release_slots", before=True)
+    paused = Paused(monkeypatch, claimed, "release_slots", before=True)
     victim_connection: dict[str, int] = {}
 
     def finish():
@@ -371,7 +369,7 @@ def race_two_claimers(monkeypatch, cap: int) -> int:
         tasks.add.enqueue(i, i)
     first_worker, second_worker = register_process(DB, "worker"), register_process(DB, "worker")
     caps = {"default": cap}
-    paused = Paused(monkeypatch, claims, "lock_queue_caps")
+    paused = Paused(monkeypatch, ready, "lock_queue_caps")
     first = Runner(lambda: claim_jobs(DB, first_worker.pk, ALL, 10, caps), paused)
     first.start()
     assert paused.reached.wait(10)  # counted the running jobs, not yet claimed
@@ -394,7 +392,7 @@ def test_f_unprotected_two_claimers_exceed_the_cap(monkeypatch):
         running = ClaimedExecution.objects.using(db).filter(queue_name="default").count()
         return {"default": caps["default"] - running}
 
-    monkeypatch.setattr(claims, "lock_queue_caps", no_lock)
+    monkeypatch.setattr(ready, "lock_queue_caps", no_lock)
     assert race_two_claimers(monkeypatch, 1) == 2
 
 
@@ -428,7 +426,7 @@ def test_g_cycling_through_the_limit_never_burns_an_attempt(worker):
     for _ in range(2):
         (job,) = claim_jobs(DB, worker.pk, ALL, 1)
         assert job.pk == job_id and start_job(DB, job, worker.pk, worker.name)
-        claims.fail_job(DB, job_id, worker.pk, BOOM, worker_id=worker.name)
+        claimed.fail_job(DB, job_id, worker.pk, BOOM, worker_id=worker.name)
     job = Job.objects.get(pk=job_id)
     assert (job.status, job.attempts, len(job.worker_ids)) == (JobStatus.FAILED, 2, 2)
     assert FailedExecution.objects.filter(job_id=job_id).count() == 2
@@ -443,7 +441,7 @@ def test_h_a_false_prune_and_a_late_finish_free_the_slot_once(monkeypatch):
     late = started_job(two_at_a_time, 1, slow)
     started_job(two_at_a_time, 1, other)
     next_up, last = (int(two_at_a_time.enqueue(1).id) for _ in range(2))
-    paused = Paused(monkeypatch, claims, "lock_own_claim")
+    paused = Paused(monkeypatch, recovery_module, "lock_own_claim")
     recovery = Runner(lambda: recover_process_claims(DB, slow.pk, "heartbeat late"), paused)
     recovery.start()
     assert paused.reached.wait(10)  # recovery holds the claim's row lock

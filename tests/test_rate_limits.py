@@ -15,12 +15,13 @@ from django.utils import timezone
 
 from django_jobs import cancel
 from django_jobs import task as jobs_task
-from django_jobs.core import claims
-from django_jobs.core.claims import claim_jobs, start_jobs
+from django_jobs.core import starting
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.rate_limits import Window
+from django_jobs.core.ready import claim_jobs
 from django_jobs.core.scheduling import promote_due_jobs
+from django_jobs.core.starting import start_jobs
 from django_jobs.models import (
     BlockedExecution,
     FailedExecution,
@@ -282,7 +283,7 @@ def race_two_starters(monkeypatch) -> int:
     first_worker, second_worker = register_process(DB, "worker"), register_process(DB, "worker")
     (first_job,) = claim_jobs(DB, first_worker.pk, ALL, 1)
     (second_job,) = claim_jobs(DB, second_worker.pk, ALL, 1)
-    paused = Paused(monkeypatch, claims, "lock_rate_limits")
+    paused = Paused(monkeypatch, starting, "lock_rate_limits")
     first = Runner(lambda: start_jobs(DB, [first_job], first_worker.pk, first_worker.name), paused)
     first.start()
     assert paused.reached.wait(10)  # read the window, not yet written it back
@@ -310,7 +311,7 @@ def test_unprotected_two_workers_both_start(monkeypatch):
         rows = RateLimit.objects.using(db).filter(key__in=sorted(set(keys)))
         return {row.key: Window(row) for row in rows}
 
-    monkeypatch.setattr(claims, "lock_rate_limits", read_without_lock)
+    monkeypatch.setattr(starting, "lock_rate_limits", read_without_lock)
     assert race_two_starters(monkeypatch) == 2
 
 

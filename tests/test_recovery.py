@@ -8,10 +8,13 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_jobs.core import claims
-from django_jobs.core.claims import claim_jobs, finish_job, recover_process_claims, start_job
+from django_jobs.core import recovery
+from django_jobs.core.claimed import finish_job
 from django_jobs.core.processes import prune_dead_processes, register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.recovery import recover_process_claims
+from django_jobs.core.starting import start_job
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,
@@ -187,7 +190,7 @@ def test_two_recoverers_at_once_settle_each_claim_exactly_once(worker, monkeypat
     claim(worker)
     barrier = threading.Barrier(2, timeout=20)
     waited: set[int] = set()
-    real = claims.recover_claim
+    real = recovery.recover_claim
 
     def recover_claim_together(db, job_id, process_id, reason):
         if threading.get_ident() not in waited:
@@ -195,7 +198,7 @@ def test_two_recoverers_at_once_settle_each_claim_exactly_once(worker, monkeypat
             barrier.wait()  # each recoverer's first claim: both have listed them all
         return real(db, job_id, process_id, reason)
 
-    monkeypatch.setattr(claims, "recover_claim", recover_claim_together)
+    monkeypatch.setattr(recovery, "recover_claim", recover_claim_together)
     runners = [InThread(recover_process_claims, DB, worker.pk, "dead") for _ in range(2)]
     results = [runner.join() for runner in runners]
     merged: dict[int, str] = {}

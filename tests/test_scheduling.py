@@ -8,10 +8,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_jobs.core.claims import claim_jobs, finish_job, start_job
+from django_jobs.core.claimed import finish_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
 from django_jobs.core.scheduling import promote_due_jobs
+from django_jobs.core.starting import start_job
 from django_jobs.models import (
     BlockedExecution,
     Job,

@@ -12,9 +12,9 @@ import sys
 import pytest
 from django.tasks import task
 
-from django_jobs.core.claims import claim_jobs
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
 from django_jobs.core.scheduling import promote_due_jobs
 from django_jobs.models import Job, JobStatus
 from django_jobs.observability import tracing

@@ -16,19 +16,15 @@ from django.utils import timezone
 from django_jobs import bulk_enqueue
 from django_jobs import task as jobs_task
 from django_jobs.core.admission import release_slot
-from django_jobs.core.claims import (
-    ErrorInfo,
-    claim_jobs,
-    fail_job,
-    finish_job,
-    recover_process_claims,
-    release_job,
-    start_job,
-)
-from django_jobs.core.discard import discard_job
+from django_jobs.core.claimed import fail_job, finish_job, release_job
+from django_jobs.core.operator import discard_job
 from django_jobs.core.processes import prune_dead_processes, register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.recovery import recover_process_claims
+from django_jobs.core.rows import ErrorInfo
 from django_jobs.core.scheduling import promote_due_jobs
+from django_jobs.core.starting import start_job
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,

@@ -11,12 +11,15 @@ from django.utils import timezone
 
 from django_jobs import bulk_enqueue, enqueue_batch
 from django_jobs import task as jobs_task
-from django_jobs.core import operations
-from django_jobs.core.claims import ErrorInfo, claim_jobs, fail_job, finish_job, start_job
-from django_jobs.core.discard import discard_job
+from django_jobs.core import operator as operations
+from django_jobs.core.claimed import fail_job, finish_job
+from django_jobs.core.operator import discard_job
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.rows import ErrorInfo
 from django_jobs.core.scheduling import promote_due_jobs
+from django_jobs.core.starting import start_job
 from django_jobs.models import Job, JobStatus, ScheduledExecution
 from tests import batch_tasks as bt
 from tests import tasks

@@ -23,7 +23,7 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from django_jobs.core.batches import count_failed
-from django_jobs.core.readiness import make_ready, set_status
+from django_jobs.core.ready import make_ready, set_status
 from django_jobs.db import features, ops
 from django_jobs.models import (
     BlockedExecution,

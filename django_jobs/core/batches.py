@@ -27,7 +27,7 @@ from django.tasks import Task, TaskResult, task_backends
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
-from django_jobs.core.readiness import make_ready
+from django_jobs.core.ready import make_ready
 from django_jobs.models import Batch, Job, JobStatus, ScheduledExecution
 from django_jobs.tasks.job_task import checked_calls
 from django_jobs.text import jobs_logger

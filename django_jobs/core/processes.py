@@ -10,7 +10,7 @@ from datetime import timedelta
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
-from django_jobs.core.claims import recover_process_claims
+from django_jobs.core.recovery import recover_process_claims
 from django_jobs.models import ClaimedExecution, Process
 from django_jobs.text import jobs_logger
 

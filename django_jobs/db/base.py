@@ -10,12 +10,17 @@ A flag is False (or the portable value) here; a vendor turns on only what it doe
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, models
 from django.db.models import QuerySet
+
+from django_jobs.db.rows import HeldClaim, Started, StartRow
+from django_jobs.limits import later
 
 if TYPE_CHECKING:
     from django.db.models import Q
@@ -104,6 +109,148 @@ class Operations:
                 deleted += cursor.rowcount
         return deleted
 
+    # The statements of a claim, a start and a finish, written once in SQL rather than built
+    # by the ORM: on MariaDB and SQLite they are every worker's every batch, and building the
+    # queries (a ``CASE`` per return value, in ``bulk_update``) cost more CPU than the
+    # database spent running them (docs/running.md, "What runs").
+
+    def read_jobs(self, db: str, ids: list[int]) -> dict[int, Job]:
+        """Read jobs: the jobs ``ids``, by id, as ``Job.objects`` would build them."""
+        from django_jobs.models import Job
+
+        connection = connections[db]
+        marks = ", ".join(["%s"] * len(ids))
+        table = connection.ops.quote_name(Job._meta.db_table)
+        rows = Job.objects.using(db).raw(f"SELECT * FROM {table} WHERE id IN ({marks})", ids)
+        return {job.pk: job for job in rows}
+
+    def insert_claims(
+        self, db: str, process_id: int, picked: list[tuple[Job, str]], now: datetime
+    ) -> None:
+        """Insert claims: one INSERT of the claimed rows of ``picked`` (each job with the
+        queue it was claimed from), as ``bulk_create`` would write them."""
+        from django_jobs.models import ClaimedExecution
+
+        connection = connections[db]
+        fields = ClaimedExecution._meta
+        created = fields.get_field("created_at").get_db_prep_save(now, connection)
+        lease_field = fields.get_field("lease_expires_at")
+        params: list[object] = []
+        for job, queue in picked:
+            lease = lease_field.get_db_prep_save(lease_end(job, now), connection)
+            params += [job.pk, process_id, queue, job.concurrency_key, lease, job.batch_id, created]
+        values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(picked))
+        table = connection.ops.quote_name(ClaimedExecution._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (job_id, process_id, queue_name, concurrency_key, "
+                f"lease_expires_at, batch_id, created_at) VALUES {values}",
+                params,
+            )
+
+    def write_starts(
+        self,
+        db: str,
+        rows: list[StartRow],
+        worker_id: str,
+        now: datetime,
+        starts: dict[int, datetime],
+    ) -> dict[int, Started]:
+        """Write starts: count the attempt of each job of ``rows`` (read under a lock the
+        caller holds) and return each one as written. ``starts``: the recorded start of
+        each rate-limited one. Jobs whose new column values coincide share one UPDATE
+        (usually all of them)."""
+        from django_jobs.models import Job, JobStatus, UniqueUntil
+
+        written: dict[int, Started] = {}
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for row in rows:
+            stamp = now if row.rate_key is None else starts[row.pk]
+            worker_ids = [*(row.worker_ids or []), worker_id]
+            written[row.pk] = Started(row.attempts + 1, worker_ids, row.started_at or stamp, stamp)
+            shape = (
+                row.attempts + 1,
+                json.dumps(worker_ids),
+                row.started_at is None,
+                row.unique_until == UniqueUntil.START,
+                stamp,
+                row.rate_key is not None,
+            )
+            groups[shape].append(row.pk)
+        connection = connections[db]
+        quote = connection.ops.quote_name
+        moment = Job._meta.get_field("last_attempted_at")
+        ids_field = Job._meta.get_field("worker_ids")
+        with connection.cursor() as cursor:
+            for shape, pks in groups.items():
+                attempts, worker_ids_json, first_start, releases_key, stamp, rated = shape
+                at = moment.get_db_prep_save(stamp, connection)
+                ids_value = ids_field.get_db_prep_save(json.loads(worker_ids_json), connection)
+                # A job unique only while waiting lets go of its key as it starts.
+                extra = (
+                    (", started_at = %s" if first_start else "")
+                    + (", unique_lock = NULL" if releases_key else "")
+                    + (", rate_reserved_at = NULL" if rated else "")
+                )
+                marks = ", ".join(["%s"] * len(pks))
+                cursor.execute(
+                    f"UPDATE {quote(Job._meta.db_table)} SET status = %s, attempts = %s, "
+                    f"worker_ids = %s, last_attempted_at = %s{extra} WHERE id IN ({marks})",
+                    [
+                        JobStatus.RUNNING,
+                        attempts,
+                        ids_value,
+                        at,
+                        *([at] if first_start else []),
+                        *pks,
+                    ],
+                )
+        return written
+
+    def lock_held_claims(self, db: str, process_id: int, ids: list[int]) -> list[HeldClaim]:
+        """Lock held claims: those of ``ids`` that ``process_id`` still holds, locked in
+        job id order (a finish's first statement)."""
+        from django_jobs.models import ClaimedExecution
+
+        connection = connections[db]
+        quote = connection.ops.quote_name
+        marks = ", ".join(["%s"] * len(ids))
+        lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT job_id, concurrency_key, batch_id "
+                f"FROM {quote(ClaimedExecution._meta.db_table)} "
+                f"WHERE process_id = %s AND job_id IN ({marks}) ORDER BY job_id{lock}",
+                [process_id, *sorted(ids)],
+            )
+            return [HeldClaim(*row) for row in cursor.fetchall()]
+
+    def mark_succeeded(
+        self, db: str, done: list[int], return_values: dict[int, object], now: datetime
+    ) -> None:
+        """Mark succeeded: ``done`` SUCCEEDED, each with its return value (a job that
+        returned None gets NULL, whatever an earlier run left: the CASE has no ELSE)."""
+        from django_jobs.models import Job, JobStatus
+
+        connection = connections[db]
+        quote = connection.ops.quote_name
+        field = Job._meta.get_field("return_value")
+        finished_at = Job._meta.get_field("finished_at").get_db_prep_save(now, connection)
+        params: list[object] = [JobStatus.SUCCEEDED, finished_at]
+        valued = [pk for pk in done if return_values[pk] is not None]
+        value_sql = ""
+        if valued:
+            value_sql = ", return_value = CASE id" + " WHEN %s THEN %s" * len(valued) + " END"
+            for pk in valued:
+                params += [pk, field.get_db_prep_save(return_values[pk], connection)]
+        marks = ", ".join(["%s"] * len(done))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {quote(Job._meta.db_table)} SET status = %s, finished_at = %s, "
+                f"unique_lock = NULL{value_sql} WHERE id IN ({marks})",
+                [*params, *done],
+            )
+
     # The fast paths below exist where a vendor's feature flag says so; the core checks the
     # flag first, so the portable versions are never called.
 
@@ -163,3 +310,10 @@ class Operations:
 
 # Ids per DELETE statement.
 DELETE_CHUNK = 500
+
+
+def lease_end(job: Job, now: datetime) -> datetime | None:
+    """When a claim of ``job`` stops counting as a holder of its key's slot, if ever."""
+    if job.concurrency_key and job.concurrency_duration:
+        return later(now, job.concurrency_duration)
+    return None

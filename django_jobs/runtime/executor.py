@@ -14,15 +14,10 @@ from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 
 from django_jobs.core.batches import current_job_id
-from django_jobs.core.claims import (
-    MAX_ERROR_MESSAGE,
-    ErrorInfo,
-    fail_job,
-    release_job,
-    snooze_job,
-    start_jobs,
-)
+from django_jobs.core.claimed import MAX_ERROR_MESSAGE, fail_job, release_job, snooze_job
 from django_jobs.core.progress import flush_progress
+from django_jobs.core.rows import ErrorInfo
+from django_jobs.core.starting import start_jobs
 from django_jobs.db.retry import reset_connection
 from django_jobs.exceptions import JobInterrupted, ResultNotStored, Snooze, TaskNotFound
 from django_jobs.models import Job, JobStatus

@@ -10,8 +10,9 @@ from django.db import close_old_connections
 from django.db.models import Q
 
 from django_jobs.conf import JobsSettings
-from django_jobs.core.claims import claim_jobs, release_job
+from django_jobs.core.claimed import release_job
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
 from django_jobs.core.scheduling import promote_due_jobs
 from django_jobs.db.retry import DB_ERRORS, Backoff, reset_connection
 from django_jobs.exceptions import TaskNotFound

@@ -27,6 +27,7 @@ from django.db.models import Q
 
 from django_jobs.db.notify import jobs_ready
 from django_jobs.db.postgresql.admission import lock_statement, recount_params, recount_statement
+from django_jobs.db.rows import Started
 from django_jobs.limits import MAX_SECONDS
 from django_jobs.models import (
     ClaimedExecution,
@@ -177,12 +178,11 @@ def job_from_row(db: str, connection, row: tuple) -> Job:
 
 def start_held(
     db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
-) -> dict[int, tuple]:
+) -> dict[int, Started]:
     """Count an attempt for each job whose claim this process holds (locked first).
 
-    Returns ``{job id: (attempts, worker_ids, started_at, last_attempted_at)}`` as
-    written. A claim gone (recovered, pruned) leaves its job out: the locking
-    subquery skips a row deleted while it waited.
+    Returns each one's start as written. A claim gone (recovered, pruned) leaves
+    its job out: the locking subquery skips a row deleted while it waited.
     """
     connection = connections[db]
     quote = connection.ops.quote_name
@@ -209,7 +209,7 @@ def start_held(
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     return {
-        pk: (
+        pk: Started(
             attempts,
             json.loads(worker_ids) if isinstance(worker_ids, str) else worker_ids,
             started_at,
