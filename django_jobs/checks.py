@@ -1,19 +1,26 @@
-"""System checks: settings that would make the worker misbehave are errors at startup."""
+"""System checks: settings that would make the worker misbehave are errors at startup.
+
+Registered by the app (``apps.DjangoJobsConfig.ready``): :func:`jobs_checks` runs
+:func:`backend_checks` for every django-jobs backend in ``TASKS``. This module imports the
+backend, never the reverse.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.core.checks import Error, Warning
 from django.db import connections
-from django.tasks import Task, task_backends
+from django.tasks import Task
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 
+from django_jobs.backend import JobsBackend, jobs_backends
 from django_jobs.conf import SETTINGS_NAME, JobsSettings, did_you_mean
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_zone
+from django_jobs.db import features
 from django_jobs.exceptions import InvalidTaskArguments, TaskNotFound
 from django_jobs.limits import is_number
 from django_jobs.tasks.backoff import declared_seconds
@@ -24,11 +31,14 @@ from django_jobs.tasks.schedules import ScheduleError, parse_schedule, parse_tim
 from django_jobs.tasks.serialization import json_arguments
 from django_jobs.text import safe_repr
 
-if TYPE_CHECKING:
-    from django_jobs.backend import JobsBackend
-
 # The largest size setting, in bytes or characters.
 MAX_SIZE = 2**30
+
+
+def jobs_checks(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """The system check of django-jobs: :func:`backend_checks` of each of its backends (as
+    Django's own ``check_tasks`` asks every backend, and with no tags, as it has none)."""
+    return [error for backend in jobs_backends() for error in backend_checks(backend)]
 
 
 def backend_checks(backend: JobsBackend) -> list[Any]:
@@ -107,15 +117,11 @@ def declared_queues(db: str) -> set[str] | None:
     """The queues a job in ``db`` can be in: the ``QUEUES`` of every django-jobs backend
     writing to ``db``. None when any queue can be (a backend with empty ``QUEUES``, or none
     writes there): nothing to check against."""
-    from django_jobs.backend import JobsBackend
-
     names: set[str] = set()
-    for alias in task_backends.settings:
-        backend = task_backends[alias]
-        if isinstance(backend, JobsBackend) and backend.database == db:
-            if not backend.queues:
-                return None
-            names |= backend.queues
+    for backend in jobs_backends(db):
+        if not backend.queues:
+            return None
+        names |= backend.queues
     return names or None
 
 
@@ -279,12 +285,12 @@ def listen_notify_checks(conf: JobsSettings) -> list[Any]:
     if isinstance(value, bool):
         return []
     if isinstance(value, str) and value in connections.databases:
-        if connections[value].vendor == "postgresql":
+        if features(value).can_listen:
             return []
     return [
         Error(
             f"DJANGO_JOBS['listen_notify'] must be True, False or the alias of a PostgreSQL "
-            f"database in DATABASES, not {value!r}.",
+            f"database (through psycopg 3) in DATABASES, not {value!r}.",
             id="django_jobs.E021",
         )
     ]
@@ -314,12 +320,8 @@ def owns_settings_checks(backend: JobsBackend) -> bool:
     """``DJANGO_JOBS`` is one dict: the first django-jobs backend in TASKS checks it, so
     two backends do not report each problem twice (a recurring entry is checked
     against its own task's backend)."""
-    from django_jobs.backend import JobsBackend
-
-    for alias in task_backends.settings:
-        if isinstance(task_backends[alias], JobsBackend):
-            return alias == backend.alias
-    return False
+    ours = jobs_backends()
+    return bool(ours) and ours[0].alias == backend.alias
 
 
 def recurring_checks(conf: JobsSettings) -> list[Any]:
@@ -419,8 +421,6 @@ def recurring_value_checks(where: str, entry: Mapping[str, Any]) -> list[Any]:
 
 def recurring_task_checks(where: str, entry: Mapping[str, Any], db: str) -> list[Any]:
     """The task imports, is a Task, and enqueues through django-jobs into ``db``."""
-    from django_jobs.backend import JobsBackend
-
     path = entry["task"]
     if not isinstance(path, str):
         return [Error(f"{where}: 'task' must be a dotted path.", id="django_jobs.E015")]
@@ -432,7 +432,7 @@ def recurring_task_checks(where: str, entry: Mapping[str, Any], db: str) -> list
         backend = task.get_backend()
     except Exception as exc:  # an unknown backend alias on the task
         return [Error(f"{where}: {path}'s backend: {exc}.", id="django_jobs.E020")]
-    if not isinstance(backend, JobsBackend) or backend.database != db:
+    if backend.alias not in [ours.alias for ours in jobs_backends(db)]:
         return [
             Error(
                 f"{where}: {path} enqueues through backend {task.backend!r}, which does not "

@@ -23,6 +23,7 @@ from django.db.models import Q
 from django.tasks import Task
 from django.utils import timezone
 
+from django_jobs.backend import jobs_backends
 from django_jobs.models import RecurringExecution, RecurringTask
 from django_jobs.tasks.loading import load_task
 from django_jobs.tasks.schedules import Schedule, ScheduleError, parse_schedule, whole_second
@@ -185,11 +186,9 @@ def record_job(db: str, key: str, execution_id: int, run_at: datetime, job_id: i
 def resolved_task(db: str, entry: RecurringEntry) -> Task:
     """The entry's task, refusing a backend outside ``db``: the tick row and the job
     would then be two transactions, and exactly-once would not hold."""
-    from django_jobs.backend import JobsBackend
-
     task = entry.task()
     backend = task.get_backend()
-    if not isinstance(backend, JobsBackend) or backend.database != db:
+    if backend.alias not in [ours.alias for ours in jobs_backends(db)]:
         raise ImproperlyConfigured(
             f"recurring task {entry.key!r}: {entry.task_path} must use a django-jobs "
             f"backend writing to database {db!r}"

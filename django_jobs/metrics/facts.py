@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db.models import Count
-from django.tasks import task_backends
 from django.utils import timezone
 
-from django_jobs.backend import JobsBackend
+from django_jobs.backend import jobs_backends
 from django_jobs.conf import JobsSettings
 from django_jobs.models import BlockedExecution, Pause
 from django_jobs.observability.inspection import (
@@ -68,9 +67,8 @@ def configured_queues(db: str) -> set[str]:
     """The ``QUEUES`` of every jobs backend writing to ``db``: listed even while empty, so
     each queue's series exist (at 0) before its first job, and alerts need no ``absent()``."""
     names: set[str] = set()
-    for backend in task_backends.all():
-        if isinstance(backend, JobsBackend) and backend.database == db:
-            names.update(backend.queues)
+    for backend in jobs_backends(db):
+        names.update(backend.queues)
     return names
 
 

@@ -1,0 +1,292 @@
+"""Enqueueing: each call checked and made into an unsaved ``Job``, then every job of one bulk
+enqueue written in a handful of statements.
+
+``django_jobs.backend.JobsBackend`` (the ``django.tasks`` backend) delegates its ``enqueue``
+and ``bulk_enqueue`` here, and ``core.batches`` prepares its callbacks' jobs here. Values are
+checked where they are made (docs/design.md, invariant 10): an invalid call raises before
+anything is written, naming what is wrong.
+
+A job goes in one of four ways: ready at once with nothing to lock (where the database can,
+one statement inserts the job rows and their ready rows), scheduled (``run_after`` in the
+future), unique (its key taken under the unique index, ``core.uniqueness``), or through its
+concurrency key's semaphore (``core.admission``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, Protocol
+
+from django.db import OperationalError, connections
+from django.tasks import Task, TaskResult
+from django.tasks.exceptions import InvalidTask
+from django.tasks.signals import task_enqueued
+from django.utils import timezone
+
+from django_jobs.core.admission import admit_jobs
+from django_jobs.core.uniqueness import insert_unique, retry_after, unique_in_key_order
+from django_jobs.db import features, ops
+from django_jobs.db.transactions import hot_transaction
+from django_jobs.models import Batch, Job, JobStatus, ScheduledExecution
+from django_jobs.observability.tracing import record_enqueue
+from django_jobs.tasks.backoff import backoff_to_json
+from django_jobs.tasks.job_task import Call, JobTask, bound_arguments, checked_calls, job_options
+from django_jobs.tasks.results import build_result
+from django_jobs.tasks.serialization import json_arguments
+from django_jobs.text import safe_repr
+
+# Rows per INSERT of Django's bulk_create.
+BULK_BATCH_SIZE = 1000
+
+# The strings of a job made from its call (a key filled from the arguments can be any
+# length); each is checked against its column's size.
+BOUNDED_STRINGS = ("queue_name", "concurrency_key", "unique_key", "rate_key")
+
+
+class EnqueuingBackend(Protocol):
+    """What the enqueue needs of its backend: ``django_jobs.backend.JobsBackend``, known
+    here by this much only, since that adapter is built on this module."""
+
+    alias: str
+
+    @property
+    def database(self) -> str: ...
+
+    def validate_task(self, task: Task) -> None: ...
+
+    def get_result(self, result_id: str) -> TaskResult: ...
+
+
+def bulk_enqueue(
+    backend: EnqueuingBackend, calls: Iterable[Call], *, batch: Batch | None = None
+) -> list[TaskResult]:
+    """Enqueue many calls in one transaction and a handful of queries.
+
+    All or nothing: one invalid call raises before anything is written. A
+    call of a unique task whose key is held gives the holder's result
+    instead of a new job (see ``django_jobs.core.uniqueness``). ``batch``: the
+    (saved) batch the jobs are items of; ``django_jobs.core.batches`` passes it.
+
+    A deadlock the database breaks by rolling this enqueue back is retried
+    when the transaction was this call's own: nothing else was in it, so
+    running it again is safe. Inside the caller's ``atomic()`` the whole
+    transaction is already gone, and only the caller can run it again: the
+    error is raised with a note saying so (docs/unique.md).
+    """
+    calls = checked_calls(calls, "bulk_enqueue()")
+    if not calls:
+        return []
+    connection = connections[backend.database]
+    own_transaction = connection.get_autocommit() and not connection.in_atomic_block
+    attempt = 1
+    while True:
+        try:
+            results, new = write_calls(backend, calls, batch)
+            break
+        except OperationalError as exc:
+            if not retry_after(exc, attempt, own_transaction=own_transaction):
+                raise
+        attempt += 1
+    # Outside the retried part: a receiver's error must never enqueue the calls again.
+    for result in new:
+        task_enqueued.send(type(backend), task_result=result)
+    return results
+
+
+def write_calls(
+    backend: EnqueuingBackend, calls: list[Call], batch: Batch | None
+) -> tuple[list[TaskResult], list[TaskResult]]:
+    """One attempt at :func:`bulk_enqueue`: prepare every job, then write them all.
+
+    Returns every call's result, and the results of the jobs it added (not a
+    duplicate's holder), for the ``task_enqueued`` signal.
+    """
+    checked: dict[int, dict[str, Any]] = {}  # id(task) -> its options, validated once
+    prepared = [
+        prepare_job(backend, task, args, kwargs, batch, checked) for task, args, kwargs in calls
+    ]
+    db = backend.database
+    quick = one_statement_jobs(db, prepared)
+    if len(quick) == len(prepared) and len(quick) <= ops(db).insert_chunk_size:
+        # One statement, atomic on its own: no BEGIN/COMMIT round trips.
+        ops(db).insert_ready_jobs(db, quick)
+        results = [build_result(job, task=task) for job, task in prepared]
+        return results, results
+    with hot_transaction(db):
+        if quick:
+            ops(db).insert_ready_jobs(db, quick)
+        holders = insert_the_others(db, prepared, {id(job) for job in quick})
+        held = {index: backend.get_result(str(holder.pk)) for index, holder in holders.items()}
+    results = [
+        held[index] if index in held else build_result(job, task=task)
+        for index, (job, task) in enumerate(prepared)
+    ]
+    return results, [result for index, result in enumerate(results) if index not in held]
+
+
+def one_statement_jobs(db: str, prepared: list[tuple[Job, Task]]) -> list[Job]:
+    """The jobs the database can insert with their ready rows in one statement: those
+    ready at once with nothing to lock or check (no key, not unique, not deferred)."""
+    if not features(db).can_insert_ready_in_one_statement:
+        return []
+    return [
+        job
+        for job, _ in prepared
+        if job.status == JobStatus.READY and not job.concurrency_key and job.unique_lock is None
+    ]
+
+
+def insert_the_others(
+    db: str, prepared: list[tuple[Job, Task]], inserted: set[int]
+) -> dict[int, Job]:
+    """Write every prepared job not ``inserted`` yet (``id()`` of the jobs), inside the
+    caller's transaction; returns the holders of the unique keys already taken, by the
+    index of the call that wanted them."""
+    plain = [job for job, _ in prepared if job.unique_lock is None and id(job) not in inserted]
+    Job.objects.using(db).bulk_create(plain, batch_size=BULK_BATCH_SIZE)
+    if any(job.pk is None for job in plain):
+        # MySQL (unlike MariaDB) cannot return ids from a bulk insert.
+        for job in plain:
+            job.save(using=db, force_insert=True)
+    holders: dict[int, Job] = {}
+    for index in unique_in_key_order(prepared):
+        holder = insert_unique(db, prepared[index][0])
+        if holder is not None:
+            holders[index] = holder
+    jobs = [job for index, (job, _) in enumerate(prepared) if index not in holders]
+    insert_scheduled(db, [job for job in jobs if job.status == JobStatus.SCHEDULED])
+    admit_jobs(
+        db,
+        [job for job in jobs if job.status != JobStatus.SCHEDULED and id(job) not in inserted],
+    )
+    return holders
+
+
+def insert_scheduled(db: str, jobs: list[Job]) -> None:
+    """The scheduled rows of saved jobs due later; the dispatcher admits each when due."""
+    if not jobs:
+        return
+    ScheduledExecution.objects.using(db).bulk_create(
+        [
+            ScheduledExecution(
+                job_id=job.pk,
+                queue_name=job.queue_name,
+                priority=job.priority,
+                scheduled_at=job.run_after,
+            )
+            for job in jobs
+        ],
+        batch_size=BULK_BATCH_SIZE,
+    )
+
+
+def prepare_job(
+    backend: EnqueuingBackend,
+    task: Task,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    batch: Batch | None = None,
+    checked: dict[int, dict[str, Any]] | None = None,
+) -> tuple[Job, Task]:
+    """An unsaved job for one call, every value checked. ``checked`` caches each task's
+    validation and options across the calls of one bulk enqueue (the calls hold the
+    tasks alive, so ``id()`` is stable)."""
+    if not isinstance(task, Task):
+        raise InvalidTask(f"{safe_repr(task, 80)} is not a task (a function decorated with @task)")
+    options = task_options(backend, task, checked)
+    json_args, json_kwargs = json_arguments(args, kwargs, backend.database)
+    # Every call is bound, keyed or not: one the function would refuse fails
+    # here, naming the argument, not in a worker later.
+    arguments = bound_arguments(task, json_args, json_kwargs)
+    key = unique = rate = None
+    if isinstance(task, JobTask):
+        key = task.resolve_concurrency_key(json_args, json_kwargs, arguments)
+        unique = task.resolve_unique_key(json_args, json_kwargs, arguments)
+        rate = task.resolve_rate(json_args, json_kwargs, arguments)
+    lease = task.lease_seconds if key else None
+    key, limit = batch_concurrency(task, batch, key, options["concurrency_limit"], unique)
+    now = timezone.now()
+    future = task.run_after is not None and task.run_after > now
+    job = Job(
+        backend=backend.alias,
+        task_path=task.module_path,
+        queue_name=task.queue_name,
+        priority=task.priority,
+        args=json_args,
+        kwargs=json_kwargs,
+        status=JobStatus.SCHEDULED if future else JobStatus.READY,
+        run_after=task.run_after,
+        enqueued_at=now,
+        max_attempts=options["max_attempts"],
+        timeout=timeout_seconds(options["timeout"]),
+        backoff=backoff_to_json(options["backoff"]),
+        concurrency_key=key,
+        concurrency_limit=limit if key else None,
+        concurrency_duration=lease,
+        on_conflict=options["on_conflict"],
+        rate_key=rate[0] if rate else None,
+        rate_limit=rate[1].limit if rate else None,
+        rate_period=rate[1].period if rate else None,
+        unique_key=unique,
+        unique_lock=unique,
+        unique_until=options["unique_until"] if unique else None,
+        batch=batch,
+    )
+    check_lengths(job)
+    record_enqueue(job)  # OpenTelemetry, when installed: span + trace context (tracing.py)
+    return job, task
+
+
+def task_options(
+    backend: EnqueuingBackend, task: Task, checked: dict[int, dict[str, Any]] | None
+) -> dict[str, Any]:
+    """The task validated by its backend, and its django-jobs options; once per task of a
+    bulk enqueue when ``checked`` is given."""
+    options = None if checked is None else checked.get(id(task))
+    if options is None:
+        backend.validate_task(task)
+        options = job_options(task)
+        if checked is not None:
+            checked[id(task)] = options
+    return options
+
+
+def batch_concurrency(
+    task: Task, batch: Batch | None, key: str | None, limit: int | None, unique: str | None
+) -> tuple[str | None, int | None]:
+    """The concurrency key and limit of a call: its task's, or, for an item of a batch with
+    a ``concurrency_limit``, the batch's. Refuses what a batch item cannot be."""
+    if batch is None:
+        return key, limit
+    if unique:
+        raise InvalidTask(
+            f"{task.module_path} is a unique task: it cannot be a batch item, "
+            "whose count would then depend on another job"
+        )
+    if not batch.concurrency_limit:
+        return key, limit
+    if key:
+        raise InvalidTask(
+            f"{task.module_path} has its own concurrency_key; a batch's "
+            "concurrency_limit would replace it"
+        )
+    return batch.concurrency_key, batch.concurrency_limit
+
+
+def check_lengths(job: Job) -> None:
+    """Refuse a string longer than its column, naming it: SQLite would store it whole,
+    MariaDB and PostgreSQL refuse the statement, and PostgreSQL's bulk insert once cut
+    it short silently."""
+    for name in BOUNDED_STRINGS:
+        value = getattr(job, name)
+        limit = Job._meta.get_field(name).max_length
+        if value is not None and limit is not None and len(value) > limit:
+            raise InvalidTask(
+                f"{job.task_path}: the {name.replace('_', ' ')} {value[:60]!r}... is "
+                f"{len(value)} characters long; it may be at most {limit}"
+            )
+
+
+def timeout_seconds(timeout: float | timedelta | None) -> float | None:
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
