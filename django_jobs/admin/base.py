@@ -3,8 +3,9 @@ dates, the auto-refresh, and what a request may bring (ids, filters, no NUL)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import django
 from django.contrib import admin
@@ -19,6 +20,13 @@ from django.utils.translation import gettext
 
 from django_jobs.admin.permissions import can_act_on_jobs, can_view_jobs
 from django_jobs.conf import JobsSettings
+
+if TYPE_CHECKING:
+    # The mixins below are only ever combined with a ModelAdmin: typed as one, at run
+    # time plain classes (the admin classes' MRO is theirs).
+    ModelAdminMixin = admin.ModelAdmin
+else:
+    ModelAdminMixin = object
 
 # Django 6.1's admin draws breadcrumbs as <ol class="breadcrumbs"><li>…, and its CSS styles
 # only that; 6.0's as <div class="breadcrumbs"> with &rsaquo; between links. Each gets its own.
@@ -79,12 +87,18 @@ def refuse_nul(data: QueryDict) -> None:
             raise BadRequest("A NUL character in the request.")
 
 
+def local_time(value: datetime) -> datetime:
+    """``value`` in the current time zone, as a template shows it (with ``USE_TZ``)."""
+    # django-stubs 6.1 declares no template_localtime; django.utils.timezone has it.
+    return timezone.template_localtime(value)  # type: ignore[attr-defined]
+
+
 def format_datetime(value: datetime | None, empty: str = EMPTY) -> str:
     """``value`` as every jobs page shows a date: a ``<time>`` in DATETIME_FORMAT, whose
     day and time may go on two lines (in a narrow list) but never break inside."""
     if value is None:
         return empty
-    local = timezone.template_localtime(value)
+    local = local_time(value)
     iso = format_date(local, "c")
     day, _, time = format_date(local, DATETIME_FORMAT).partition(" ")
     return format_html(
@@ -145,7 +159,7 @@ def page_context(
     }
 
 
-class JobsPermissionsMixin:
+class JobsPermissionsMixin(ModelAdminMixin):
     """Delegates every permission to the ``Job`` model's; nothing is added or deleted here.
 
     Nothing is *changed* either, in the admin's sense of a form saving a row: a job, a
@@ -203,7 +217,7 @@ class JobsPermissionsMixin:
         return obj
 
 
-def filter_parameters(list_filter: tuple) -> set[str]:
+def filter_parameters(list_filter: Sequence[Any]) -> set[str]:
     """The query-string parameters of a list's filters: a field's own (``status``, the
     ``__exact`` and ``__isnull`` of Django's field filters) or a filter class's."""
     names: set[str] = set()
@@ -215,7 +229,7 @@ def filter_parameters(list_filter: tuple) -> set[str]:
     return names
 
 
-class ListTitleMixin:
+class ListTitleMixin(ModelAdminMixin):
     """A list titled by its name ("Jobs"), not "Select job to change": rows are opened to
     be read, and acted on through buttons. Its status line names the time zone of its dates.
 

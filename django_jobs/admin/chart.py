@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.utils import timezone
 from django.utils.dateformat import format as format_date
+
+from django_jobs.admin.base import local_time
 
 WIDTH, HEIGHT, BAR_GAP = 600, 120, 1
 
@@ -40,7 +41,7 @@ def bars(per_minute: list[dict[str, Any]]) -> dict[str, Any]:
                 failed_y=round(HEIGHT - ok_h - failed_h, 2),
                 failed_height=round(failed_h, 2),
                 title=(
-                    f"{format_date(timezone.template_localtime(minute['minute']), 'H:i')}: "
+                    f"{format_date(local_time(minute['minute']), 'H:i')}: "
                     f"{minute['succeeded']} succeeded, {minute['failed']} failed"
                 ),
             )

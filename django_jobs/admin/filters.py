@@ -47,8 +47,9 @@ class BoundedChoicesFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin):
         values = self.choice_values()
-        if self.value():
-            values.add(self.value())
+        value = self.value()
+        if value:
+            values.add(value)
         return [(v, v) for v in sorted(values)[:MAX_CHOICES]]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
@@ -120,8 +121,9 @@ class BatchFilter(admin.SimpleListFilter):
         choices = {
             str(pk): f"#{pk} {description}".strip() for pk, description in recent[: self.offered]
         }
-        if self.value() and self.value() not in choices:
-            choices[self.value()] = f"#{self.value()}"
+        value = self.value()
+        if value and value not in choices:
+            choices[value] = f"#{value}"
         return list(choices.items())
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import ShowFacets
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import BadRequest
 from django.db.models import Q, QuerySet
@@ -28,6 +29,7 @@ from django_jobs.admin.base import (
     as_id,
     format_datetime,
     key_html,
+    local_time,
     page_context,
 )
 from django_jobs.admin.filters import (
@@ -38,8 +40,8 @@ from django_jobs.admin.filters import (
     TaskFilter,
 )
 from django_jobs.conf import JobsSettings
-from django_jobs.core import operations
-from django_jobs.core.cancellation import CANCELLED, cancel_job
+from django_jobs.core import operator as operations
+from django_jobs.core.operator import CANCELLED, cancel_job
 from django_jobs.core.progress import Progress, amount, from_row
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
 from django_jobs.models import (
@@ -118,11 +120,12 @@ def plural(n: int, word: str) -> str:
 
 def no_execution(job: Job) -> str:
     """Why the job's page shows no execution row, in a sentence."""
-    outcome = {
+    outcomes: dict[str, str] = {
         JobStatus.SUCCEEDED: "it succeeded",
         JobStatus.FAILED: "it failed",
         JobStatus.DISCARDED: "it was discarded",
-    }.get(job.status)
+    }
+    outcome = outcomes.get(job.status)
     if outcome:
         return f"None: the job has finished ({outcome}), and a finished job keeps no execution row."
     return (
@@ -145,7 +148,7 @@ def progress_cell(progress: Progress) -> str:
     """The list's compact form: a small bar and the percentage, or the count done; the
     numbers, the message and when it was reported in the title."""
     title = progress.summary + (f": {progress.message}" if progress.message else "")
-    reported = format_date(timezone.template_localtime(progress.updated_at), DATETIME_FORMAT)
+    reported = format_date(local_time(progress.updated_at), DATETIME_FORMAT)
     title += f" (reported {reported})"
     if progress.fraction is None:
         return format_html(
@@ -163,8 +166,8 @@ def progress_cell(progress: Progress) -> str:
 def current_execution(job: Job) -> dict[str, Any] | None:
     """The execution row the job is in now, as label/value pairs for the detail page."""
     db = jobs_db()
-    claim = ClaimedExecution.objects.using(db).filter(job_id=job.pk).select_related("process")
-    claim = claim.first()
+    claims = ClaimedExecution.objects.using(db).filter(job_id=job.pk)
+    claim = claims.select_related("process").first()
     if claim is not None:
         process = claim.process
         return {
@@ -306,7 +309,7 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
     def response_action(self, request: HttpRequest, queryset: QuerySet, *args, **kwargs):
         """Django filters by the ticked ids as they were posted: one that is no id ("²",
         past the bigint range) raised there, a 500. A browser only posts the list's own."""
-        ticked = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
+        ticked = request.POST.getlist(ACTION_CHECKBOX_NAME)
         if any(as_id(value) is None for value in ticked):
             raise BadRequest("A selected job id is not an id.")
         return super().response_action(request, queryset, *args, **kwargs)
@@ -441,8 +444,9 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
         self.require_act_permission(request)
         job = get_object_or_404(Job.objects.using(jobs_db()), pk=job_id)
         if request.method == "POST":
-            return self.run_now(request, [job_id], redirect_to=self.job_url(job_id))
-        return self.confirm_run_now(request, [job])
+            self.run_now(request, [job_id])
+            return HttpResponseRedirect(self.job_url(job_id))
+        return self.confirm_run_now(request, [job], single=True)
 
     # --- bulk actions --------------------------------------------------------------------
 
@@ -485,28 +489,29 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
     @admin.action(
         description="Run selected blocked jobs now, past their limit", permissions=["act"]
     )
-    def run_selected_now(self, request: HttpRequest, queryset: QuerySet):
+    def run_selected_now(self, request: HttpRequest, queryset: QuerySet) -> TemplateResponse | None:
         if request.POST.get("confirmed") == "yes":
-            return self.run_now(request, list(queryset.values_list("pk", flat=True)))
+            self.run_now(request, list(queryset.values_list("pk", flat=True)))
+            return None
         return self.confirm_run_now(request, list(queryset[:200]))
 
-    def run_now(
-        self, request: HttpRequest, ids: list[int], redirect_to: str | None = None
-    ) -> HttpResponse | None:
+    def run_now(self, request: HttpRequest, ids: list[int]) -> None:
         db = jobs_db()
         done = sum(operations.run_blocked_now(db, job_id) for job_id in sorted(set(ids)))
         self.report(request, done, len(ids), "made ready past their limit", "they were not blocked")
-        return HttpResponseRedirect(redirect_to) if redirect_to else None
 
-    def confirm_run_now(self, request: HttpRequest, jobs: list[Job]) -> TemplateResponse:
+    def confirm_run_now(
+        self, request: HttpRequest, jobs: list[Job], single: bool = False
+    ) -> TemplateResponse:
+        """The confirmation page: of one job's page (``single``) or of the list's action."""
         context = {
             **page_context(
                 self, request, "Run blocked jobs now?", trail=(("Jobs", self.list_url()),)
             ),
             "jobs": jobs,
             "blocked": [job for job in jobs if job.status == JobStatus.BLOCKED],
-            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
-            "single": request.resolver_match.url_name == "django_jobs_job_run_now",
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "single": single,
         }
         return TemplateResponse(request, "admin/django_jobs/job/run_now_confirm.html", context)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.core.paginator import Paginator
+from django.db.models import QuerySet
 from django.utils.functional import cached_property
 
 COUNT_CAP = 10_000
@@ -22,6 +23,6 @@ class CappedCountPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         object_list = self.object_list
-        if hasattr(object_list, "count") and hasattr(object_list, "query"):
+        if isinstance(object_list, QuerySet):
             return object_list[: COUNT_CAP + 1].count()
         return min(len(object_list), COUNT_CAP + 1)

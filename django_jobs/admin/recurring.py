@@ -27,6 +27,16 @@ RECENT_EXECUTIONS = 5
 
 
 @dataclass
+class Tick:
+    """One recent tick of a recurring task: when, its job, and that job's status (empty
+    while unknown, or when the job is gone)."""
+
+    run_at: datetime
+    job_id: int | None
+    job_status: str = ""
+
+
+@dataclass
 class RecurringRow:
     """One line of the page: what settings say, what the row says, and what follows."""
 
@@ -43,7 +53,7 @@ class RecurringRow:
     last_job_id: int | None = None
     last_job_status: str = ""
     next_run_at: datetime | None = None
-    executions: list[RecurringExecution] = field(default_factory=list)
+    executions: list[Tick] = field(default_factory=list)
 
 
 def recurring_rows(db: str, now: datetime) -> list[RecurringRow]:
@@ -61,11 +71,13 @@ def recurring_rows(db: str, now: datetime) -> list[RecurringRow]:
         rows.append(line)
         if line.enabled and line.in_settings and not line.error:
             line.next_run_at = next_run(configured[key], now)
-        line.executions = list(
+        ticks = (
             RecurringExecution.objects.using(db)
             .filter(task_key=key)
-            .order_by("-run_at")[:RECENT_EXECUTIONS]
+            .order_by("-run_at")
+            .values_list("run_at", "job_id")[:RECENT_EXECUTIONS]
         )
+        line.executions = [Tick(run_at, job_id) for run_at, job_id in ticks]
     attach_job_states(db, rows)
     return rows
 
@@ -118,7 +130,8 @@ def attach_job_states(db: str, rows: list[RecurringRow]) -> None:
     """Each execution's job status, in one query for the whole page."""
     ids = {e.job_id for row in rows for e in row.executions if e.job_id}
     ids |= {row.last_job_id for row in rows if row.last_job_id}
-    statuses = dict(Job.objects.using(db).filter(pk__in=ids).values_list("pk", "status"))
+    found = Job.objects.using(db).filter(pk__in=ids).values_list("pk", "status")
+    statuses: dict[int | None, str] = dict(found)
     for row in rows:
         row.last_job_status = statuses.get(row.last_job_id, "")
         for execution in row.executions:

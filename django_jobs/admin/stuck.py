@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
@@ -44,6 +46,27 @@ KINDS = {
 
 FREE_SLOT = "blocked_behind_free_slot"
 SHOWN_FIELDS = ("id", "task_path", "queue_name", "status", "concurrency_key", "enqueued_at")
+
+
+@dataclass
+class StuckJobRow:
+    """A stuck job as its list shows it: the columns shown (not the job's arguments or
+    return value, a MiB each at most), its key as a cell."""
+
+    pk: int
+    task_path: str
+    queue_name: str
+    status: str
+    key_html: str
+    enqueued_at: datetime
+
+
+def stuck_rows(db: str, ids: set[int]) -> dict[int, StuckJobRow]:
+    rows = Job.objects.using(db).filter(pk__in=ids).values_list(*SHOWN_FIELDS)
+    return {
+        pk: StuckJobRow(pk, task_path, queue, status, key_html(key, task_path), enqueued_at)
+        for pk, task_path, queue, status, key, enqueued_at in rows
+    }
 
 
 def keys_note(read: int, count: int) -> str:
@@ -98,10 +121,7 @@ class StuckJobAdmin(PageAdmin):
         keys, key_count = inspection.first_blocked_keys(db, now)
         stuck = inspection.stuck_jobs(db, now, conf, procs, keys)
         ids = {job_id for found in stuck.values() for job_id in found}
-        # The columns shown, not a job's arguments or return value (a MiB each at most).
-        jobs = Job.objects.using(db).only(*SHOWN_FIELDS).in_bulk(ids)
-        for job in jobs.values():
-            job.key_html = key_html(job.concurrency_key, job.task_path)
+        jobs = stuck_rows(db, ids)
         # A dispatcher is a process of that kind, or a single-process worker (whose
         # dispatcher is a thread), with a heartbeat within the alive threshold.
         dispatchers = [row for row in process_rows(db, procs) if row.dispatches and row.info.alive]

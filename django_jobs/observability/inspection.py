@@ -461,6 +461,8 @@ class Holder:
     since: datetime
     process_id: int | None = None
     lease_expires_at: datetime | None = None
+    # Its process's name, for a page that shows it (the admin's blocked page fills it).
+    process_name: str = ""
 
 
 def key_holders(db: str, key: str, limit: int = STUCK_SAMPLE) -> list[Holder]:

@@ -49,7 +49,7 @@ def task_for_job(job: Job) -> Task:
 def build_result(
     job: Job, failures: Iterable[FailedExecution] = (), task: Task | None = None
 ) -> TaskResult:
-    result = TaskResult(
+    result: TaskResult = TaskResult(
         task=task or task_for_job(job),
         id=str(job.pk),
         status=job.task_result_status,
