@@ -203,8 +203,9 @@ SECONDS_SETTINGS = (
 
 
 def number_checks(conf: JobsSettings) -> list[Any]:
-    """Each numeric setting in its range: see ``INTEGER_SETTINGS``, ``SECONDS_SETTINGS``
-    and ``clear_finished_jobs_after``; one error per setting, naming its value."""
+    """Each numeric setting in its range: see ``INTEGER_SETTINGS``, ``SECONDS_SETTINGS``,
+    ``clear_finished_jobs_after`` and ``max_concurrency``; one error per setting, naming
+    its value."""
     errors: list[Any] = []
     for name, (low, high, check_id, optional) in INTEGER_SETTINGS.items():
         value = getattr(conf, name)
@@ -243,25 +244,28 @@ def number_checks(conf: JobsSettings) -> list[Any]:
                 id="django_jobs.W001",
             )
         )
+    return errors + max_concurrency_checks(conf)
+
+
+def max_concurrency_checks(conf: JobsSettings) -> list[Any]:
+    """``max_concurrency``: a dict of queue -> a cap from 1 to ``MAX_CONCURRENCY_LIMIT``."""
     if not isinstance(conf.max_concurrency, Mapping):
-        errors.append(
+        return [
             Error(
                 "DJANGO_JOBS['max_concurrency'] must be a dict of queue -> integer "
                 f"from 1 to {MAX_CONCURRENCY_LIMIT:,}.",
                 id="django_jobs.E009",
             )
+        ]
+    return [
+        Error(
+            f"DJANGO_JOBS['max_concurrency'][{queue!r}] must be an integer from 1 to "
+            f"{MAX_CONCURRENCY_LIMIT:,}, not {safe_repr(cap, 60)}.",
+            id="django_jobs.E009",
         )
-        return errors
-    for queue, cap in conf.max_concurrency.items():
-        if not is_int(cap) or not 1 <= cap <= MAX_CONCURRENCY_LIMIT:
-            errors.append(
-                Error(
-                    f"DJANGO_JOBS['max_concurrency'][{queue!r}] must be an integer from 1 to "
-                    f"{MAX_CONCURRENCY_LIMIT:,}, not {safe_repr(cap, 60)}.",
-                    id="django_jobs.E009",
-                )
-            )
-    return errors
+        for queue, cap in conf.max_concurrency.items()
+        if not is_int(cap) or not 1 <= cap <= MAX_CONCURRENCY_LIMIT
+    ]
 
 
 def setting_seconds_problem(name: str, value: Any, *, strict: bool) -> str | None:
