@@ -188,106 +188,29 @@ def run_async_body(
 
 
 def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> None:
+    """Run one claimed job to its outcome: started (unless the claim did it), watched, its
+    success handed to the completer or its failure recorded. Nothing the job does or
+    returns escapes: its outcome is recorded, or the worker stops (docs/design.md
+    invariant 10)."""
     try:
         task = load_task(job.task_path)
     except TaskNotFound as exc:
-        logger.error("job failed %s error=%s (not retried)", describe(job), exc)
-        error = error_info(exc)
-        persist(
-            ctx,
-            f"failing job {job.pk}",
-            lambda: fail_job(
-                ctx.db,
-                job.pk,
-                ctx.process_id,
-                error,
-                worker_id=ctx.worker_id,
-                retry=False,
-                never_ran=True,  # a start its claim counted is taken back
-            ),
-        )
+        fail_unloadable(job, ctx, exc)
         return
-
-    if not started:
-        if ctx.lifecycle.stopping.is_set():
-            persist(
-                ctx,
-                f"handing back job {job.pk}",
-                lambda: release_job(ctx.db, job.pk, ctx.process_id),
-            )
-            logger.info("job handed back %s (shutting down before it started)", describe(job))
-            return
-        if not start_claimed([job], ctx):
-            logger.warning(
-                "job %s: claim lost before start (process pruned?); not running it", job.pk
-            )
-            return
-
+    if not started and not start_or_hand_back(job, ctx):
+        return
     result = build_result(job)
     task_started.send(type(task.get_backend()), task_result=result)
     logger.info("job started %s", describe(job))
     began = time.monotonic()
     watchdog = ctx.watchdog
     control = watchdog.watch(job, asynchronous=is_async(task)) if watchdog is not None else None
-    token = current_control.set(control)
     try:
-        try:
-            if control is not None and control.reason is not None:
-                raise control.exception()  # cancelled before its body began
-            value = call_task(task, job, result)
-        finally:
-            # The body has ended: nothing may interrupt this thread for it any more.
-            if control is not None:
-                ctx.watchdog.forget(control)
-            current_control.reset(token)
-            flush_progress(job.pk)  # its last set_progress() value, before the outcome
-        if control is not None and control.cancelled:
-            # It saw cancel_requested() and returned: cancelled all the same.
-            raise control.exception()
-        # Checked here, in the job's own thread: a value the database would refuse
-        # fails this job, not the shared finish of every job beside it.
-        value = json_return_value(value, ctx.db, ctx.max_result_size)
+        value = run_watched(task, job, result, ctx, control)
     except BaseException as exc:  # SystemExit/KeyboardInterrupt of a task must not kill us
-        if control is not None:
-            ctx.watchdog.forget(control)
-        duration = time.monotonic() - began
-        if isinstance(exc, Snooze) and (control is None or control.reason is None):
-            snooze(job, task, result, ctx, exc.seconds, duration)
-            return
-        error = error_info(exc, ctx.max_error_size)
-        if control is not None and control.reason is not None:
-            error = interrupted(control, exc, duration)
-        # A cancelled job is never retried, whatever its body raised on the way out;
-        # nor one whose body ran to its end but whose value cannot be stored.
-        may_retry = (control is None or not control.cancelled) and not isinstance(
-            exc, ResultNotStored
-        )
-        outcome = persist(
-            ctx,
-            f"failing job {job.pk}",
-            lambda: fail_job(
-                ctx.db, job.pk, ctx.process_id, error, worker_id=ctx.worker_id, retry=may_retry
-            ),
-        )
-        if outcome is None:
-            logger.warning("job %s failed but its claim was already settled elsewhere", job.pk)
-            return
-        retry = (
-            f" retry_at={outcome.retry_at.isoformat()}"
-            if outcome.will_retry
-            else " (no retries left)"
-        )
-        logger.error(
-            "job failed %s duration=%.3fs error=%s: %s%s",
-            describe(job),
-            duration,
-            type(exc).__name__,
-            clip(error.message, MAX_LOGGED),
-            retry,
-        )
-        status = TaskResultStatus.READY if outcome.will_retry else TaskResultStatus.FAILED
-        object.__setattr__(result, "status", status)
-        task_finished.send(type(task.get_backend()), task_result=result)
+        if control is not None and watchdog is not None:
+            watchdog.forget(control)
+        settle_failure(job, task, result, ctx, control, exc, time.monotonic() - began)
         return
 
     success = Success(job, task, result, value, time.monotonic() - began)
@@ -295,3 +218,108 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
         ctx.completer.submit(success)
     else:
         write_isolated(ctx, [success])
+
+
+def fail_unloadable(job: Job, ctx: ExecutionContext, exc: TaskNotFound) -> None:
+    """A job whose task cannot be imported fails for good, its body never run."""
+    logger.error("job failed %s error=%s (not retried)", describe(job), exc)
+    error = error_info(exc)
+    persist(
+        ctx,
+        f"failing job {job.pk}",
+        lambda: fail_job(
+            ctx.db,
+            job.pk,
+            ctx.process_id,
+            error,
+            worker_id=ctx.worker_id,
+            retry=False,
+            never_ran=True,  # a start its claim counted is taken back
+        ),
+    )
+
+
+def start_or_hand_back(job: Job, ctx: ExecutionContext) -> bool:
+    """Start a job the claim did not start; False if it must not run: a stop began (it is
+    handed back, costing nothing) or its claim was lost."""
+    if ctx.lifecycle.stopping.is_set():
+        persist(
+            ctx,
+            f"handing back job {job.pk}",
+            lambda: release_job(ctx.db, job.pk, ctx.process_id),
+        )
+        logger.info("job handed back %s (shutting down before it started)", describe(job))
+        return False
+    if not start_claimed([job], ctx):
+        logger.warning("job %s: claim lost before start (process pruned?); not running it", job.pk)
+        return False
+    return True
+
+
+def run_watched(
+    task: Task, job: Job, result: TaskResult, ctx: ExecutionContext, control: Control | None
+) -> object:
+    """The job's body under its watchdog's ``control``; its return value, checked in the
+    job's own thread: a value the database would refuse fails this job, not the shared
+    finish of every job beside it."""
+    token = current_control.set(control)
+    try:
+        if control is not None and control.reason is not None:
+            raise control.exception()  # cancelled before its body began
+        value = call_task(task, job, result)
+    finally:
+        # The body has ended: nothing may interrupt this thread for it any more.
+        if control is not None and ctx.watchdog is not None:
+            ctx.watchdog.forget(control)
+        current_control.reset(token)
+        flush_progress(job.pk)  # its last set_progress() value, before the outcome
+    if control is not None and control.cancelled:
+        # It saw cancel_requested() and returned: cancelled all the same.
+        raise control.exception()
+    return json_return_value(value, ctx.db, ctx.max_result_size)
+
+
+def settle_failure(
+    job: Job,
+    task: Task,
+    result: TaskResult,
+    ctx: ExecutionContext,
+    control: Control | None,
+    exc: BaseException,
+    duration: float,
+) -> None:
+    """Record what ended a job's body by raising: a snooze, or a failed attempt (retried
+    while attempts remain, unless it was cancelled or its value cannot be stored)."""
+    if isinstance(exc, Snooze) and (control is None or control.reason is None):
+        snooze(job, task, result, ctx, exc.seconds, duration)
+        return
+    error = error_info(exc, ctx.max_error_size)
+    if control is not None and control.reason is not None:
+        error = interrupted(control, exc, duration)
+    # A cancelled job is never retried, whatever its body raised on the way out; nor one
+    # whose body ran to its end but whose value cannot be stored.
+    may_retry = (control is None or not control.cancelled) and not isinstance(exc, ResultNotStored)
+    outcome = persist(
+        ctx,
+        f"failing job {job.pk}",
+        lambda: fail_job(
+            ctx.db, job.pk, ctx.process_id, error, worker_id=ctx.worker_id, retry=may_retry
+        ),
+    )
+    if outcome is None:
+        logger.warning("job %s failed but its claim was already settled elsewhere", job.pk)
+        return
+    retry = (
+        f" retry_at={outcome.retry_at.isoformat()}" if outcome.will_retry else " (no retries left)"
+    )
+    logger.error(
+        "job failed %s duration=%.3fs error=%s: %s%s",
+        describe(job),
+        duration,
+        type(exc).__name__,
+        clip(error.message, MAX_LOGGED),
+        retry,
+    )
+    status = TaskResultStatus.READY if outcome.will_retry else TaskResultStatus.FAILED
+    object.__setattr__(result, "status", status)
+    task_finished.send(type(task.get_backend()), task_result=result)
