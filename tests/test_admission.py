@@ -184,7 +184,8 @@ class TestFinishPromotes:
         def crash(*args, **kwargs):
             raise RuntimeError("killed between finish and promotion")
 
-        # The promotion: the ORM's writes, or PostgreSQL's one statement (pg_admission).
+        # The promotion: the ORM's writes, or PostgreSQL's one statement
+        # (db/postgresql/admission.py).
         monkeypatch.setattr(admission, "make_ready", crash)
         monkeypatch.setattr(pg_admission, "recount_and_promote", crash)
         with pytest.raises(RuntimeError):

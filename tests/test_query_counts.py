@@ -89,7 +89,7 @@ def test_claim_does_not_grow_with_the_jobs(worker):
     bulk_enqueue(plain_calls(FEW + MANY))
     few = count(lambda: claim_jobs(DB, worker.pk, ALL, FEW))
     many = count(lambda: claim_jobs(DB, worker.pk, ALL, MANY))
-    # PostgreSQL: one data-modifying statement (no BEGIN/COMMIT); see pg_claims.
+    # PostgreSQL: one data-modifying statement (no BEGIN/COMMIT); see db/postgresql/claims.py.
     assert few == many <= budget(1, 7)
 
 
@@ -183,9 +183,10 @@ def test_batched_finish_of_keyed_jobs_costs_the_same_for_one_key_or_many(worker)
         # Per key on MariaDB: the lock of its semaphore.
         assert two_keys - one_key == (1 if connection.vendor == "mysql" else 0)
         counts[hinted] = one_key
-    # PostgreSQL: the recount and the promotion are one statement (pg_admission). With
-    # the hint (each job's key), the finish, the semaphores' lock and the recount are
-    # three statements sent as one message, their own transaction (pg_claims.finish_keyed).
+    # PostgreSQL: the recount and the promotion are one statement (db/postgresql/admission.py).
+    # With the hint (each job's key), the finish, the semaphores' lock and the recount are
+    # three statements sent as one message, their own transaction (finish_keyed in
+    # db/postgresql/claims.py).
     assert counts[False] <= budget(7, 12)
     assert counts[True] <= budget(1, 12)
     assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 12

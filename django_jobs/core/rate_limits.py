@@ -4,7 +4,7 @@ A rate is a sliding window, the strongest reading of "10 per minute": no
 interval of P seconds, wherever it begins, holds more than N recorded starts.
 
 The decision is taken where the attempt is counted, in the start transaction
-(``claims.start_jobs``), under the lock of the key's :class:`RateLimit` row, so
+(``core.starting.start_jobs``), under the lock of the key's :class:`RateLimit` row, so
 two workers can never both take the window's last start, and the start time
 that is recorded (``Job.last_attempted_at``) is the time that was checked. A
 claim-time decision would count the claim and let the gap between claim and
@@ -153,7 +153,7 @@ def ensure_rate_rows(db: str, keys: Iterable[str]) -> None:
     each holding that shared lock and then asking for the exclusive one would
     deadlock. Maintenance deletes only rows with no start or plan left within
     their period (``maintenance.prune_rate_limits``); a start that finds its row
-    deleted in between waits a second (``claims.decide_rates``).
+    deleted in between waits a second (``core.starting.decide_rates``).
     """
     keys = set(keys)
     existing = set(RateLimit.objects.using(db).filter(key__in=keys).values_list("key", flat=True))

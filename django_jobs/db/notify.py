@@ -8,7 +8,7 @@ transaction (migration 0004's trigger did that) therefore made concurrent
 enqueues commit one after another. Here the enqueuing transaction notifies
 nobody; each process has one notifier per database alias instead:
 
-- Code that makes jobs ready (``readiness.make_ready``, ``pg_insert``'s
+- Code that makes jobs ready (``core.ready.make_ready``, ``db/postgresql/insert.py``'s
   one-statement enqueue) calls :func:`jobs_ready`, which registers
   ``on_commit``: the queue names reach the notifier only once the transaction
   has committed, and never if it rolls back. In autocommit that is at once.

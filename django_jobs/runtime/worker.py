@@ -203,7 +203,7 @@ class Worker:
         """Claim, count the attempts of the claimed jobs in one transaction, run them.
 
         The claim itself counts the attempts of most jobs (see
-        ``claims.claim_jobs``); the others are started here in one transaction.
+        ``core.ready.claim_jobs``); the others are started here in one transaction.
         A job whose task cannot be imported, or claimed as a stop began, is not
         run: its thread fails it, or hands it back, with any start the claim
         counted taken back, so it costs no attempt.

@@ -8,11 +8,11 @@ needs a decision of its own. On
 PostgreSQL data-modifying CTEs do each in one statement, atomic in autocommit,
 with the same locks in the same order (ready rows with ``SKIP LOCKED``, then
 the jobs; for a start, this process's claimed rows, then the jobs), so the
-guarantees of ``claims.claim_jobs`` and ``claims.start_jobs`` hold unchanged.
+guarantees of ``core.ready.claim_jobs`` and ``core.starting.start_jobs`` hold unchanged.
 Queue caps (``max_concurrency``) keep the ORM path: they lock a cap row first.
 A finish is one statement for jobs with no batch (a batch's row needs the ORM
 path); with concurrency keys it runs in the transaction that then frees their
-slots (``pg_admission``).
+slots (``db/postgresql/admission.py``).
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def claim_matching(
     each job row. A job whose start needs a decision under another lock (a rate
     limit) or that lets go of a unique key as it starts (``unique_until="start"``,
     which a hand-back could not take back) is only claimed (``CLAIMED``) and
-    started by ``claims.start_jobs``. A worker that ends up not running a job it
-    started this way hands it back with the start undone (``claims.undo_start``).
+    started by ``core.starting.start_jobs``. A worker that ends up not running a job it
+    started this way hands it back with the start undone (``core.claimed.undo_start``).
     """
     sql, picked_params = claim_statement(db, condition, limit, worker_id is not None)
     if worker_id is None:
@@ -184,18 +184,6 @@ def start_held(
     Returns each one's start as written. A claim gone (recovered, pruned) leaves
     its job out: the locking subquery skips a row deleted while it waited.
     """
-    connection = connections[db]
-    quote = connection.ops.quote_name
-    job, claimed = quote(Job._meta.db_table), quote(ClaimedExecution._meta.db_table)
-    sql = (
-        f"UPDATE {job} SET status = %s, attempts = attempts + 1, "
-        f"worker_ids = COALESCE(worker_ids, '[]'::jsonb) || %s::jsonb, "
-        f"started_at = COALESCE(started_at, %s), last_attempted_at = %s, "
-        f"unique_lock = CASE WHEN unique_until = %s THEN NULL ELSE unique_lock END "
-        f"WHERE id IN (SELECT job_id FROM {claimed} WHERE process_id = %s "
-        f"AND job_id = ANY(%s) ORDER BY job_id FOR UPDATE) "
-        f"RETURNING id, attempts, worker_ids, started_at, last_attempted_at"
-    )
     params = [
         JobStatus.RUNNING,
         json.dumps([worker_id]),
@@ -205,8 +193,8 @@ def start_held(
         process_id,
         list(job_ids),
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    with connections[db].cursor() as cursor:
+        cursor.execute(start_statement(db), params)
         rows = cursor.fetchall()
     return {
         pk: Started(
@@ -217,6 +205,23 @@ def start_held(
         )
         for pk, attempts, worker_ids, started_at, last_attempted_at in rows
     }
+
+
+@functools.cache
+def start_statement(db: str) -> str:
+    """Start held claims: count an attempt of each job of ``%s`` (ids) whose claim process
+    ``%s`` holds, its claimed rows locked first in id order."""
+    quote = connections[db].ops.quote_name
+    job, claimed = quote(Job._meta.db_table), quote(ClaimedExecution._meta.db_table)
+    return (
+        f"UPDATE {job} SET status = %s, attempts = attempts + 1, "
+        f"worker_ids = COALESCE(worker_ids, '[]'::jsonb) || %s::jsonb, "
+        f"started_at = COALESCE(started_at, %s), last_attempted_at = %s, "
+        f"unique_lock = CASE WHEN unique_until = %s THEN NULL ELSE unique_lock END "
+        f"WHERE id IN (SELECT job_id FROM {claimed} WHERE process_id = %s "
+        f"AND job_id = ANY(%s) ORDER BY job_id FOR UPDATE) "
+        f"RETURNING id, attempts, worker_ids, started_at, last_attempted_at"
+    )
 
 
 def finish_unbatched(
@@ -231,7 +236,7 @@ def finish_unbatched(
     unless ``keyed``, no concurrency key) and whose claim this process holds.
 
     Returns ``{job id: its concurrency key or None}`` for those finished. One
-    statement with ``claims.finish_jobs``'s locks in its order: this process's
+    statement with ``core.claimed.finish_jobs``'s locks in its order: this process's
     claimed rows (``FOR UPDATE``; one deleted meanwhile by a recovery is skipped:
     exactly once), then their jobs. Through the ORM the same finish is BEGIN, the
     locking SELECT, the DELETE, the UPDATE, the return values' UPDATE and COMMIT.
