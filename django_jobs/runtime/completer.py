@@ -12,7 +12,7 @@ The worker counts unwritten successes against its claims (see
 pass ``2 x threads``, the most a SIGKILL can turn from done into a failed
 attempt (docs/design.md invariant 8, docs/running.md).
 
-Exactly-once holds because :func:`~django_jobs.core.claims.finish_jobs` finalises
+Exactly-once holds because :func:`~django_jobs.core.claimed.finish_jobs` finalises
 only the claims this process still holds, under their locks. A crash before
 the batch commits leaves those jobs running under a dead process's claims:
 recovery counts them as failed attempts and retries them, as it would a job
@@ -23,18 +23,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from django.db import close_old_connections
-from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks import TaskResultStatus
 from django.tasks.signals import task_finished
 
-from django_jobs.core.claims import finish_jobs
+from django_jobs.core.claimed import finish_jobs
 from django_jobs.db.retry import reset_connection
 from django_jobs.exceptions import ResultNotStored
-from django_jobs.models import Job
 from django_jobs.runtime.context import (
     ExecutionContext,
+    Success,
     describe,
     error_info,
     fail_or_stop,
@@ -43,15 +42,6 @@ from django_jobs.runtime.context import (
 from django_jobs.text import clip, jobs_logger, safe_str
 
 logger = jobs_logger("django_jobs.worker")
-
-
-@dataclass
-class Success:
-    job: Job
-    task: Task
-    result: TaskResult
-    value: object
-    duration: float
 
 
 class Completer:
@@ -153,15 +143,13 @@ def write_successes(ctx: ExecutionContext, batch: list[Success]) -> None:
     """Finalise ``batch`` in one transaction (riding out outages), then log and signal
     each success recorded. Also the whole finish of a worker without a completer."""
     values = {success.job.pk: success.value for success in batch}
-    # No batch: on PostgreSQL their finish is one statement (plus the slots' release
-    # for those with a concurrency key).
-    unbatched = [success.job for success in batch if success.job.batch_id is None]
-    plain = [job.pk for job in unbatched if not job.concurrency_key]
-    keyed = {job.pk: job.concurrency_key for job in unbatched if job.concurrency_key}
+    # The jobs as the worker knows them (batch, concurrency key): where the database can,
+    # those without a batch are finished in one statement.
+    known = [success.job for success in batch]
     done = persist(
         ctx,
         f"finishing job{'s' if len(values) > 1 else ''} {', '.join(map(str, values))}",
-        lambda: finish_jobs(ctx.db, ctx.process_id, values, plain, keyed),
+        lambda: finish_jobs(ctx.db, ctx.process_id, values, known),
     )
     if done is None:
         logger.error(

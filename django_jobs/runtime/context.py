@@ -1,7 +1,9 @@
 """What a worker's threads share to run jobs and record their outcomes.
 
 A module of its own so that the executor (which runs a job) and the completer
-(which records successes in batches) both use it without importing each other.
+(which records successes in batches) both use it without importing each other:
+both import this module, and it imports neither (the completer is known here
+only as a :class:`SuccessSink`).
 """
 
 from __future__ import annotations
@@ -9,18 +11,38 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+from django.tasks import Task, TaskResult
 
 from django_jobs.conf import JobsSettings
-from django_jobs.core.claims import MAX_ERROR_MESSAGE, ErrorInfo, fail_job
+from django_jobs.core.claimed import MAX_ERROR_MESSAGE, fail_job
+from django_jobs.core.rows import ErrorInfo
 from django_jobs.db.retry import retry_until_done
 from django_jobs.models import Job
 from django_jobs.runtime.lifecycle import Lifecycle
 from django_jobs.text import jobs_logger, safe_str, storable_text
 
 if TYPE_CHECKING:
-    from django_jobs.runtime.completer import Completer
     from django_jobs.runtime.watchdog import Watchdog
+
+
+@dataclass
+class Success:
+    """A job whose body returned, with its checked return value, not yet recorded."""
+
+    job: Job
+    task: Task
+    result: TaskResult
+    value: object
+    duration: float
+
+
+class SuccessSink(Protocol):
+    """Where a job's thread hands its success to be recorded in a batch
+    (``runtime.completer.Completer``)."""
+
+    def submit(self, success: Success) -> None: ...
 
 
 @dataclass
@@ -34,7 +56,7 @@ class ExecutionContext:
     max_result_size: int = JobsSettings.max_result_size
     max_error_size: int = JobsSettings.max_error_size
     # Where successes go to be written in batches; None writes each in its own thread.
-    completer: Completer | None = None
+    completer: SuccessSink | None = None
     # Enforces timeouts and cancel requests; None runs jobs unwatched (tests).
     watchdog: Watchdog | None = None
 
