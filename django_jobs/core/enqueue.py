@@ -15,8 +15,8 @@ concurrency key's semaphore (``core.admission``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import timedelta
-from typing import Any, Protocol
+from datetime import datetime, timedelta
+from typing import Any, Protocol, cast
 
 from django.db import OperationalError, connections
 from django.tasks import Task, TaskResult
@@ -164,7 +164,8 @@ def insert_the_others(
 
 
 def insert_scheduled(db: str, jobs: list[Job]) -> None:
-    """The scheduled rows of saved jobs due later; the dispatcher admits each when due."""
+    """The scheduled rows of saved jobs due later (``prepare_job`` saw their ``run_after``
+    in the future); the dispatcher admits each when due."""
     if not jobs:
         return
     ScheduledExecution.objects.using(db).bulk_create(
@@ -173,7 +174,7 @@ def insert_scheduled(db: str, jobs: list[Job]) -> None:
                 job_id=job.pk,
                 queue_name=job.queue_name,
                 priority=job.priority,
-                scheduled_at=job.run_after,
+                scheduled_at=cast(datetime, job.run_after),
             )
             for job in jobs
         ],
@@ -199,12 +200,12 @@ def prepare_job(
     # Every call is bound, keyed or not: one the function would refuse fails
     # here, naming the argument, not in a worker later.
     arguments = bound_arguments(task, json_args, json_kwargs)
-    key = unique = rate = None
+    key = unique = rate = lease = None
     if isinstance(task, JobTask):
         key = task.resolve_concurrency_key(json_args, json_kwargs, arguments)
         unique = task.resolve_unique_key(json_args, json_kwargs, arguments)
         rate = task.resolve_rate(json_args, json_kwargs, arguments)
-    lease = task.lease_seconds if key else None
+        lease = task.lease_seconds if key else None
     key, limit = batch_concurrency(task, batch, key, options["concurrency_limit"], unique)
     now = timezone.now()
     future = task.run_after is not None and task.run_after > now
@@ -280,7 +281,7 @@ def check_lengths(job: Job) -> None:
     it short silently."""
     for name in BOUNDED_STRINGS:
         value = getattr(job, name)
-        limit = Job._meta.get_field(name).max_length
+        limit = getattr(Job._meta.get_field(name), "max_length", None)
         if value is not None and limit is not None and len(value) > limit:
             raise InvalidTask(
                 f"{job.task_path}: the {name.replace('_', ' ')} {value[:60]!r}... is "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -34,7 +34,7 @@ logger = jobs_logger("django_jobs.scheduler")
 ENTRY_KEYS = frozenset(
     {"task", "schedule", "args", "kwargs", "queue_name", "priority", "timezone", "description"}
 )
-KEY_MAX_LENGTH = RecurringTask._meta.get_field("key").max_length
+KEY_MAX_LENGTH = cast(int, RecurringTask._meta.get_field("key").max_length)
 
 
 @dataclass(frozen=True)
@@ -55,12 +55,10 @@ class RecurringEntry:
     def task(self) -> Task:
         """The task with this entry's queue and priority, imported by path (invariant 7)."""
         task = load_task(self.task_path)
-        overrides = {
-            name: value
-            for name, value in (("queue_name", self.queue_name), ("priority", self.priority))
-            if value is not None
-        }
-        return task.using(**overrides) if overrides else task
+        if self.queue_name is None and self.priority is None:
+            return task
+        # None keeps the task's own value.
+        return task.using(queue_name=self.queue_name, priority=self.priority)
 
 
 def default_time_zone() -> str:

@@ -35,7 +35,7 @@ RESTART_DELAY = 1.0
 
 @dataclass
 class Child:
-    kind: str
+    kind: Process.Kind
     slot: int
     process: Any = None
     started_at: float = 0.0
@@ -139,6 +139,8 @@ class Supervisor:
 
     def recover_child(self, pid: int | None, reason: str) -> None:
         """Settle the claims of a child that is gone, without waiting for its heartbeat to age."""
+        if pid is None:
+            return  # never started: it registered nothing
         rows = retry_until_done(
             self.db,
             "looking up a dead child",
