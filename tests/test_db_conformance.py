@@ -137,7 +137,7 @@ def executions(job_id: int) -> set[str]:
         "blocked": BlockedExecution,
         "claimed": ClaimedExecution,
     }
-    return {name for name, model in tables.items() if model.objects.filter(job_id=job_id)}
+    return {name for name, model in tables.items() if model.objects.filter(job_id=job_id).exists()}
 
 
 def semaphore(key: str) -> tuple[int, int]:
@@ -178,14 +178,14 @@ def running(worker, job_id: int) -> Job:
 # it finishes the ones without a batch in one statement each, PostgreSQL): none, true
 # copies, and wrong ones (a key where the job has none, none where it has one, no batch
 # where it has one). A hint may cost a statement, never change the outcome.
-HINTS = ["no hints", "true hints", "wrong hints"]
+HINTS = ["no_hints", "true_hints", "wrong_hints"]
 
 
 def finish(worker, return_values: dict[int, object], hints: str) -> set[int]:
-    if hints == "no hints":
+    if hints == "no_hints":
         return finish_jobs(DB, worker.pk, return_values)
     known = list(Job.objects.filter(pk__in=list(return_values)))
-    if hints == "wrong hints":
+    if hints == "wrong_hints":
         for job in known:
             job.concurrency_key = None if job.concurrency_key else "no-such-key"
             job.batch_id = None
