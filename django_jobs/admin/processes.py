@@ -1,7 +1,7 @@
 """The process registry, read-only: rows belong to running ``run_jobs`` processes.
 
 What a process serves is in its row's ``metadata``, written when it registers
-(``runner/registration.py``): ``queues`` (its ``--queues``) and ``threads``;
+(``runtime/registration.py``): ``queues`` (its ``--queues``) and ``threads``;
 ``single_process`` for the worker of ``run_jobs --single-process`` (or ``--once``), which runs the
 dispatcher (and the scheduler, registered apart) as threads of its own.
 """

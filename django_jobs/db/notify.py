@@ -29,7 +29,7 @@ A cancel request for a claimed or running job (``cancellation.cancel_job``)
 goes the same way: :func:`cancel_requested` registers ``on_commit``, the
 notifier sends the job ids on :data:`CANCEL_CHANNEL` (in the same statement as
 the round's ready queues, if any), and the worker running the job checks the
-database at once instead of at its next poll (``runner.watchdog``). The request
+database at once instead of at its next poll (``runtime.watchdog``). The request
 itself is the committed column: a notification lost on the way costs that
 worker its poll interval, nothing more.
 
@@ -66,7 +66,7 @@ from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.notify")
 
-CHANNEL = "django_jobs_ready"  # what workers LISTEN on (runner.listener)
+CHANNEL = "django_jobs_ready"  # what workers LISTEN on (runtime.listener)
 CANCEL_CHANNEL = "django_jobs_cancel"  # ... and this, for cancel requests of running jobs
 APPLICATION_NAME = "django-jobs notifier"
 # pg_notify refuses payloads of 8000 bytes or more; a list too long to send is sent

@@ -7,7 +7,7 @@ setup decides whether and where spans are exported. Two hooks:
   ``PRODUCER`` span ``enqueue <task path>``, a child of whatever span is current (the
   request's), and stores its context in ``Job.trace_context`` as W3C propagation headers
   (``traceparent``, ``tracestate``, through the globally configured propagator);
-- :func:`traced_execution` (decorating ``runner.executor.call_task``) runs the task's
+- :func:`traced_execution` (decorating ``runtime.executor.call_task``) runs the task's
   function inside a ``CONSUMER`` span ``run <task path>`` whose parent is the context
   extracted from that row, so the job's work appears in the enqueuing request's trace,
   however much later and on whichever host it runs. Every attempt gets its own span under

@@ -16,8 +16,8 @@ import time
 # The exit code of a worker process that stopped to be replaced (EX_TEMPFAIL).
 RECYCLE_EXIT_CODE = 75
 # ... and of one that left behind a job whose body may still run: one it could not
-# interrupt past its timeout or cancel (runner/watchdog.py), or one still running
-# after the interrupt at the shutdown deadline (runner/worker.py). Its supervisor
+# interrupt past its timeout or cancel (runtime/watchdog.py), or one still running
+# after the interrupt at the shutdown deadline (runtime/worker.py). Its supervisor
 # settles that job's claim now that the process, and so the body, is gone.
 ABANDONED_EXIT_CODE = 76
 
