@@ -21,6 +21,7 @@ from django_jobs import Snooze, cancel, enqueue_batch
 from django_jobs import task as jobs_task
 from django_jobs.checks import backend_checks
 from django_jobs.core.claimed import release_job, snooze_job
+from django_jobs.core.current_job import current_control
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.ready import claim_jobs
@@ -36,7 +37,7 @@ from django_jobs.models import (
 )
 from django_jobs.runtime.executor import run_async_body
 from django_jobs.runtime.watchdog import CANCELLED as CANCEL_REASON
-from django_jobs.runtime.watchdog import Control, Watchdog, current_control
+from django_jobs.runtime.watchdog import Control, Watchdog
 from testproject.demo.models import AuditEvent
 from tests import control_tasks, tasks
 from tests.harness import error_paths, job_row, wait_until

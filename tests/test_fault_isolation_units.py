@@ -22,8 +22,8 @@ from django_jobs.core.queues import QueueSelector
 from django_jobs.core.ready import claim_jobs
 from django_jobs.exceptions import InvalidTaskArguments
 from django_jobs.models import FailedExecution, Job, JobStatus
-from django_jobs.runtime.completer import Success, write_isolated
-from django_jobs.runtime.context import ExecutionContext
+from django_jobs.runtime.completer import write_isolated
+from django_jobs.runtime.context import ExecutionContext, Success
 from django_jobs.runtime.lifecycle import Lifecycle
 from django_jobs.tasks.results import build_result
 from django_jobs.text import EscapeControlCharacters, clip, printable, storable_text

@@ -35,8 +35,7 @@ from django.utils import timezone
 
 from django_jobs.core import admission
 from django_jobs.core.batches import count_outcome, reopen_item
-from django_jobs.db import notify
-from django_jobs.db.deletion import delete_executions
+from django_jobs.db import notify, ops
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
 from django_jobs.models import (
     FINISHED_STATUSES,
@@ -159,7 +158,7 @@ def end_waiting_job(
         if key:
             list(Semaphore.objects.using(db).select_for_update().filter(key=key).values("pk"))
         deleted = sum(
-            delete_executions(db, table, [job_id])
+            ops(db).delete_executions(db, table, [job_id])
             for table in (ReadyExecution, ScheduledExecution, BlockedExecution)
         )
         if not deleted:

@@ -15,6 +15,7 @@ from django.tasks.signals import task_finished, task_started
 
 from django_jobs.core.batches import current_job_id
 from django_jobs.core.claimed import MAX_ERROR_MESSAGE, fail_job, release_job, snooze_job
+from django_jobs.core.current_job import current_control
 from django_jobs.core.progress import flush_progress
 from django_jobs.core.rows import ErrorInfo
 from django_jobs.core.starting import start_jobs
@@ -22,15 +23,16 @@ from django_jobs.db.retry import reset_connection
 from django_jobs.exceptions import JobInterrupted, ResultNotStored, Snooze, TaskNotFound
 from django_jobs.models import Job, JobStatus
 from django_jobs.observability.tracing import traced_execution
-from django_jobs.runtime.completer import Success, write_isolated
+from django_jobs.runtime.completer import write_isolated
 from django_jobs.runtime.context import (
     ExecutionContext,
+    Success,
     describe,
     error_info,
     fail_or_stop,
     persist,
 )
-from django_jobs.runtime.watchdog import Control, current_control
+from django_jobs.runtime.watchdog import Control
 from django_jobs.tasks.loading import load_task
 from django_jobs.tasks.results import build_result
 from django_jobs.tasks.serialization import json_return_value

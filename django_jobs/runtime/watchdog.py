@@ -52,9 +52,6 @@ from django.db import close_old_connections
 
 from django_jobs.conf import JobsSettings
 
-# Re-exported: the executor sets it around a job's body (core/current_job.py says why it
-# lives below the runtime).
-from django_jobs.core.current_job import current_control as current_control
 from django_jobs.db.retry import DB_ERRORS, reset_connection
 from django_jobs.exceptions import JobCancelled, JobInterrupted, JobTimeout, WorkerShutdown
 from django_jobs.models import Job

@@ -20,21 +20,11 @@ from functools import cache
 from django.db import connections, models
 
 from django_jobs.db.notify import jobs_ready
-from django_jobs.models import Job, JobStatus, ReadyExecution
+from django_jobs.models import Job, ReadyExecution
 
 # Rows per statement: large enough to amortise the round trip, small enough that
 # one statement's arrays stay a few megabytes.
 CHUNK_SIZE = 5000
-
-
-def can_insert_in_one_statement(db: str, job: Job) -> bool:
-    """True for a job that becomes ready at once with nothing to lock or check."""
-    return (
-        connections[db].vendor == "postgresql"
-        and job.status == JobStatus.READY
-        and not job.concurrency_key
-        and job.unique_lock is None
-    )
 
 
 def insert_ready_jobs(db: str, jobs: Sequence[Job]) -> None:
