@@ -22,8 +22,7 @@ from django_jobs.core.queues import QueueSelector
 from django_jobs.core.recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_zone
 from django_jobs.db import features
 from django_jobs.exceptions import InvalidTaskArguments, TaskNotFound
-from django_jobs.limits import is_number
-from django_jobs.tasks.backoff import declared_seconds
+from django_jobs.limits import declared_seconds, is_number
 from django_jobs.tasks.job_task import MAX_CONCURRENCY_LIMIT, bound_arguments, is_int
 from django_jobs.tasks.loading import load_task
 from django_jobs.tasks.rates import named_rate

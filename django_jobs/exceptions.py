@@ -67,7 +67,7 @@ class Snooze(Exception):
     def __init__(self, seconds: float = 0) -> None:
         # Checked here, in the task, so a NaN or a century-long snooze fails the attempt
         # with this message instead of reaching the worker's datetime arithmetic.
-        from django_jobs.tasks.backoff import declared_seconds
+        from django_jobs.limits import declared_seconds
 
         self.seconds = declared_seconds(seconds, "Snooze seconds")
         super().__init__(f"snoozed for {self.seconds:g}s")

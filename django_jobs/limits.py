@@ -77,3 +77,18 @@ def later(now: datetime, seconds: Any) -> datetime:
         return now + delta
     except OverflowError:
         return datetime.max.replace(tzinfo=now.tzinfo)
+
+
+def declared_seconds(value: Any, name: str, *, strict: bool = False) -> float:
+    """:func:`check_seconds` for a value someone declared, an int of any size included.
+
+    ``math.isfinite`` of an int beyond a float's range is an ``OverflowError``, not the
+    ``ValueError`` a declaration promises; such an int is out of range either way.
+    """
+    try:
+        return check_seconds(value, name, strict=strict)
+    except OverflowError:
+        bound = f"at most {MAX_SECONDS:g} seconds (about a century)" if value > 0 else ">= 0"
+        raise ValueError(
+            f"{name} must be {bound}, not an integer of {value.bit_length()} bits"
+        ) from None

@@ -33,8 +33,9 @@ from django_jobs.core.rows import ErrorInfo
 from django_jobs.core.starting import start_job, start_jobs
 from django_jobs.limits import MAX_ATTEMPTS, MAX_SECONDS
 from django_jobs.models import Job, JobStatus, RateLimit, ScheduledExecution
-from django_jobs.tasks.backoff import DEFAULT_BACKOFF, retry_delay
+from django_jobs.tasks.backoff import DEFAULT_BACKOFF
 from django_jobs.tasks.rates import Rate, parse_rate
+from django_jobs.tasks.retries import retry_delay
 from tests import rate_tasks
 
 HERE = __name__  # tests.test_bounded_options, as a job row names it

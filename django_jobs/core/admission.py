@@ -262,7 +262,7 @@ def promote_blocked_by_key(db: str, semaphores: list[Semaphore]) -> int:
             make_ready(db, promoted)
             per_key: dict[str, int] = defaultdict(int)
             for job in promoted:
-                per_key[job.concurrency_key] += 1
+                per_key[job.concurrency_key or ""] += 1
             for semaphore in semaphores:
                 semaphore.value -= per_key.get(semaphore.key, 0)
     now = timezone.now()

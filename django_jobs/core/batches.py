@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 from django.db import transaction
 from django.tasks import Task, TaskResult, task_backends
@@ -192,6 +192,15 @@ def complete(db: str, batch: Batch) -> None:
             batch.callback_jobs[name] = enqueue_callback(db, batch, spec)
 
 
+class PreparesJobs(Protocol):
+    """What a callback's enqueue needs of its backend: ``JobsBackend.prepare_job`` (any
+    other backend fails here, and the callback gets a row its worker fails clearly)."""
+
+    def prepare_job(
+        self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[Job, Task]: ...
+
+
 def enqueue_callback(db: str, batch: Batch, spec: dict[str, Any]) -> int:
     """Insert the callback job; it never makes the item's finalisation fail.
 
@@ -208,7 +217,7 @@ def enqueue_callback(db: str, batch: Batch, spec: dict[str, Any]) -> int:
         task = load_task(spec["task_path"]).using(
             queue_name=spec["queue_name"], priority=spec["priority"]
         )
-        backend = task_backends[task.backend]
+        backend = cast(PreparesJobs, task_backends[task.backend])
         job, _ = backend.prepare_job(task, [], kwargs)
     except Exception:
         logger.exception("batch %s: callback %s cannot be prepared", batch.pk, spec["task_path"])

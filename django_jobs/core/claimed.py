@@ -38,7 +38,7 @@ from django_jobs.models import (
     JobStatus,
     ScheduledExecution,
 )
-from django_jobs.tasks.backoff import retry_delay
+from django_jobs.tasks.retries import retry_delay
 from django_jobs.text import storable_text
 
 # Characters kept of an error's message (its traceback keeps max_error_size).

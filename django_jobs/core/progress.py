@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.db import InterfaceError, OperationalError, connections
 from django.utils import timezone
@@ -117,7 +117,8 @@ def from_row(
     """The ``Progress`` of a job's four ``progress_*`` columns; None if it never reported."""
     if done is None or at is None:
         return None
-    return Progress(number(done), number(total), message or "", at)
+    # number() of a number is a number: None only for None.
+    return Progress(cast(float, number(done)), number(total), message or "", at)
 
 
 def progress(result_id: str | int, *, using: str | None = None) -> Progress | None:

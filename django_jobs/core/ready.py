@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from typing import cast
 
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet
@@ -90,10 +91,12 @@ def claim_jobs(
         return claim_in_one_statement(db, process_id, selector, limit, worker_id)
     with hot_transaction(db):
         # Read in the claim query itself, unless queue caps need the list first.
-        paused: set[str] | QuerySet = Pause.objects.using(db).values("queue_name")
+        paused_names = Pause.objects.using(db).values_list("queue_name", flat=True)
+        paused: set[str] | QuerySet[Pause, str] = paused_names
+        room: dict[str, int] = {}
         if caps:
-            paused = {row["queue_name"] for row in paused}
-        room = lock_queue_caps(db, selector, caps, paused) if caps else {}
+            paused = set(paused_names)
+            room = lock_queue_caps(db, selector, caps, paused)
         picked: list[tuple[int, str]] = []
         for condition in selector.conditions():
             pick_ready(db, condition, paused, room, picked, limit)
@@ -118,7 +121,8 @@ def pick_ready(
     while len(picked) < limit:
         want = limit - len(picked)
         full = [queue for queue, left in room.items() if left <= 0]
-        where, more, order = condition, False, ("-priority", "job_id")
+        order: tuple[str, ...] = ("-priority", "job_id")
+        where, more = condition, False
         found: list[tuple[int, int]] = []
         if names is not None:
             open_names = [name for name in names if name not in full]
@@ -228,7 +232,7 @@ def prefix_queues(db: str, condition: Q, paused: set[str] | QuerySet) -> list[st
     """
     if not features(db).locks_every_row_read or len(condition.children) != 1:
         return None
-    lookup, prefix = condition.children[0]
+    lookup, prefix = cast(tuple[str, str], condition.children[0])
     if lookup != "queue_name__startswith" or condition.negated:
         return None
     key = (db, prefix)
@@ -251,7 +255,8 @@ def prefix_queues(db: str, condition: Q, paused: set[str] | QuerySet) -> list[st
 
 
 def forget_prefix_queues(db: str, condition: Q) -> None:
-    PREFIX_NAMES.pop((db, condition.children[0][1]), None)
+    _, prefix = cast(tuple[str, str], condition.children[0])
+    PREFIX_NAMES.pop((db, prefix), None)
 
 
 # (db, prefix) -> (when read, the queue names with ready jobs then): a queue that gets

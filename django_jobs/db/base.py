@@ -88,7 +88,7 @@ class Operations:
         cascade: for a job ``QuerySet.delete()`` would first read every column of each row,
         then run a ``DELETE ... IN`` on each execution table, where a finished job has no
         row. Returns how many."""
-        return self.delete_where(db, model, model._meta.pk.column, ids)
+        return self.delete_where(db, model, pk_column(model), ids)
 
     def delete_where(
         self, db: str, model: type[models.Model], column: str, ids: Collection[int]
@@ -135,7 +135,7 @@ class Operations:
         fields = ClaimedExecution._meta
         created = fields.get_field("created_at").get_db_prep_save(now, connection)
         lease_field = fields.get_field("lease_expires_at")
-        params: list[object] = []
+        params: list[Any] = []
         for job, queue in picked:
             lease = lease_field.get_db_prep_save(lease_end(job, now), connection)
             params += [job.pk, process_id, queue, job.concurrency_key, lease, job.batch_id, created]
@@ -236,7 +236,7 @@ class Operations:
         quote = connection.ops.quote_name
         field = Job._meta.get_field("return_value")
         finished_at = Job._meta.get_field("finished_at").get_db_prep_save(now, connection)
-        params: list[object] = [JobStatus.SUCCEEDED, finished_at]
+        params: list[Any] = [JobStatus.SUCCEEDED, finished_at]
         valued = [pk for pk in done if return_values[pk] is not None]
         value_sql = ""
         if valued:
@@ -293,7 +293,8 @@ class Operations:
         now: datetime,
     ) -> list[int] | None:
         """``features.can_finish_in_one_statement``: finish keyed jobs and free their slots
-        in one round trip; None where the connection cannot send several statements."""
+        in one round trip, returning their ids; None where the connection cannot send
+        several statements."""
         raise NotImplementedError
 
     def recount_and_promote(self, db: str, semaphores: list[Semaphore], now: datetime) -> int:
@@ -310,6 +311,19 @@ class Operations:
 
 # Ids per DELETE statement.
 DELETE_CHUNK = 500
+
+
+def pk_column(model: type[models.Model]) -> str:
+    """The primary key's column of one of our tables (every one has one)."""
+    pk = model._meta.pk
+    assert pk is not None
+    return column(pk)
+
+
+def column(field: models.Field) -> str:
+    """A concrete field's column (only a field with no column of its own has None)."""
+    assert field.column is not None
+    return field.column
 
 
 def lease_end(job: Job, now: datetime) -> datetime | None:

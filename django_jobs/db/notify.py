@@ -335,8 +335,7 @@ class Notifier:
             while not self.pending and not self.pending_cancels and not self.halted:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    return None
-                self.wanted.wait(remaining)
+                    self.wanted.wait(remaining)
             if self.halted:
                 return None
             queues, self.pending = self.pending, set()
@@ -370,7 +369,8 @@ class Notifier:
                 self.halt.wait(pause)
             taken = self.take(self.idle_close if connection is not None else None)
             if taken is None:
-                connection = close(connection)
+                close(connection)
+                connection = None
                 if self.halted:
                     return
                 continue
@@ -380,7 +380,8 @@ class Notifier:
                     connection = self.connect()
                 connection.execute(*notify_statement(*taken))
             except Exception as exc:  # psycopg.Error, or anything: never die silently
-                connection = close(connection)
+                close(connection)
+                connection = None
                 self.settle(taken, outage=True)
                 if self.halted:
                     return
@@ -414,7 +415,7 @@ class Notifier:
 
 
 def close(connection: Any) -> None:
-    """Close ``connection`` if there is one; returns None, the connection's new value."""
+    """Close ``connection`` if there is one (the caller then holds None)."""
     if connection is not None:
         try:
             connection.close()

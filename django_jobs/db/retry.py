@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from django.db import InterfaceError, OperationalError, connections
 
 from django_jobs.text import jobs_logger
-
-if TYPE_CHECKING:
-    from django_jobs.runtime.lifecycle import Lifecycle
 
 logger = jobs_logger("django_jobs.runner")
 
@@ -39,42 +34,6 @@ class Backoff:
 
     def reset(self) -> None:
         self.delay = 0.0
-
-
-def loop_until_stopped(
-    db: str,
-    lifecycle: Lifecycle,
-    step: Callable[[], float],
-    *,
-    on_outage: Callable[[], None],
-    max_delay: float,
-    log: logging.Logger,
-) -> None:
-    """Run ``step`` until stopped, sleeping the seconds it returns; ride out outages.
-
-    A step that loses the database drops the connection, lets the caller forget
-    what the outage made stale (``on_outage``), and is tried again after a
-    growing delay, so the dispatcher and the scheduler survive it the same way.
-    """
-    backoff = Backoff(max_delay)
-    while not lifecycle.stopping.is_set():
-        try:
-            pause = step()
-            backoff.reset()
-        except Exception as exc:
-            # An outage, a row no step foresaw (one job's data) or a bug of ours: the
-            # loop goes on, backing off, rather than leave the process heartbeating with
-            # no loop.
-            reset_connection(db)
-            delay = backoff.next()
-            if isinstance(exc, DB_ERRORS):
-                on_outage()
-                log.warning("database unavailable (%s); retrying in %.2fs", exc, delay)
-            else:
-                log.exception("this step failed; trying again in %.2fs", delay)
-            lifecycle.sleep(delay)
-            continue
-        lifecycle.sleep(pause)
 
 
 def retry_until_done[T](

@@ -15,7 +15,7 @@ class StartRow(NamedTuple):
     attempts: int
     worker_ids: list[str] | None
     started_at: datetime | None
-    unique_until: str
+    unique_until: str | None
     rate_key: str | None
     rate_limit: int | None = None
     rate_period: float | None = None

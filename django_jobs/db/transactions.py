@@ -89,12 +89,12 @@ def end(connection: BaseDatabaseWrapper, *, commit: bool) -> None:
         return  # the connection went away mid-block: the server has rolled back
     if commit:
         try:
-            connection._commit()
+            connection._commit()  # type: ignore[attr-defined]  # what atomic() calls
         except DatabaseError:
             end(connection, commit=False)
             raise
         return
     try:
-        connection._rollback()
+        connection._rollback()  # type: ignore[attr-defined]  # what atomic() calls
     except Error:
         connection.close()

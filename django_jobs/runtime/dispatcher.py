@@ -12,8 +12,7 @@ from django_jobs.core.maintenance import (
 )
 from django_jobs.core.processes import prune_dead_processes
 from django_jobs.core.scheduling import promote_due_jobs
-from django_jobs.db.retry import loop_until_stopped
-from django_jobs.runtime.lifecycle import Lifecycle
+from django_jobs.runtime.lifecycle import Lifecycle, loop_until_stopped
 from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.dispatcher")
@@ -84,7 +83,8 @@ class Dispatcher:
         if promoted:
             logger.debug("promoted %d scheduled job(s)", promoted)
         if self.prune_after is not None and time.monotonic() >= self.prune_after:
-            prune_dead_processes(self.db, self.conf.alive_threshold, exclude=self.alive)
+            alive = [pk for pk in self.alive if pk is not None]
+            prune_dead_processes(self.db, self.conf.alive_threshold, exclude=alive)
         now = time.monotonic()
         if now >= self.next_maintenance:
             self.next_maintenance = now + self.conf.maintenance_interval

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from inspect import iscoroutinefunction
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import async_to_sync
 from django.db import close_old_connections
@@ -173,7 +173,8 @@ def run_async_body(
     in a thread of its own, this thread serving its thread-sensitive sync calls such as
     the ORM's), with its asyncio task handed to the watchdog so that a cancel or a
     timeout cancels it. Its ``CancelledError`` comes out here like any exception."""
-    control = current_control.get()
+    # The executor set it: the watchdog's Control of this job (a StopFlag to the core).
+    control = cast(Control | None, current_control.get())
 
     async def body() -> object:
         if control is not None:
@@ -312,7 +313,9 @@ def settle_failure(
         logger.warning("job %s failed but its claim was already settled elsewhere", job.pk)
         return
     retry = (
-        f" retry_at={outcome.retry_at.isoformat()}" if outcome.will_retry else " (no retries left)"
+        f" retry_at={outcome.retry_at.isoformat()}"
+        if outcome.retry_at is not None
+        else " (no retries left)"
     )
     logger.error(
         "job failed %s duration=%.3fs error=%s: %s%s",

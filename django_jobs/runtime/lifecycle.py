@@ -10,11 +10,13 @@ forwarded request count as the child's second SIGTERM.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
 from collections.abc import Callable
 
+from django_jobs.db.retry import DB_ERRORS, Backoff, reset_connection
 from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.runner")
@@ -141,3 +143,39 @@ class Lifecycle:
 
 def _deliver_through_wakeup_fd(signum: int, frame: object) -> None:
     """Installed so the signal does not kill us; the watcher thread acts on it."""
+
+
+def loop_until_stopped(
+    db: str,
+    lifecycle: Lifecycle,
+    step: Callable[[], float],
+    *,
+    on_outage: Callable[[], None],
+    max_delay: float,
+    log: logging.Logger,
+) -> None:
+    """Run ``step`` until stopped, sleeping the seconds it returns; ride out outages.
+
+    A step that loses the database drops the connection, lets the caller forget
+    what the outage made stale (``on_outage``), and is tried again after a
+    growing delay, so the dispatcher and the scheduler survive it the same way.
+    """
+    backoff = Backoff(max_delay)
+    while not lifecycle.stopping.is_set():
+        try:
+            pause = step()
+            backoff.reset()
+        except Exception as exc:
+            # An outage, a row no step foresaw (one job's data) or a bug of ours: the
+            # loop goes on, backing off, rather than leave the process heartbeating with
+            # no loop.
+            reset_connection(db)
+            delay = backoff.next()
+            if isinstance(exc, DB_ERRORS):
+                on_outage()
+                log.warning("database unavailable (%s); retrying in %.2fs", exc, delay)
+            else:
+                log.exception("this step failed; trying again in %.2fs", delay)
+            lifecycle.sleep(delay)
+            continue
+        lifecycle.sleep(pause)

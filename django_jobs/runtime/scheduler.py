@@ -28,9 +28,9 @@ from django_jobs.core.recurring import (
     sync_recurring_tasks,
     task_rows,
 )
-from django_jobs.db.retry import DB_ERRORS, loop_until_stopped
+from django_jobs.db.retry import DB_ERRORS
 from django_jobs.models import Process, RecurringTask
-from django_jobs.runtime.lifecycle import Lifecycle
+from django_jobs.runtime.lifecycle import Lifecycle, loop_until_stopped
 from django_jobs.runtime.registration import registered
 from django_jobs.text import jobs_logger
 

@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from django.db import close_old_connections
 
 from django_jobs.conf import JobsSettings
-
 from django_jobs.db.retry import DB_ERRORS, reset_connection
 from django_jobs.exceptions import JobCancelled, JobInterrupted, JobTimeout, WorkerShutdown
 from django_jobs.models import Job

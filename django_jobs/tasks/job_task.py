@@ -31,8 +31,8 @@ from django.tasks.exceptions import InvalidTask
 
 from django_jobs.conf import did_you_mean
 from django_jobs.exceptions import InvalidTaskArguments
-from django_jobs.limits import MAX_ATTEMPTS
-from django_jobs.tasks.backoff import BackoffSpec, Exponential, declared_seconds, validate_backoff
+from django_jobs.limits import MAX_ATTEMPTS, declared_seconds
+from django_jobs.tasks.backoff import BackoffSpec, Exponential, validate_backoff
 from django_jobs.tasks.rates import Rate, is_rate, parse_rate, resolve_rate
 from django_jobs.text import safe_repr
 

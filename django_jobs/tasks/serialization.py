@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections
 from django.utils.json import normalize_json
@@ -119,14 +119,14 @@ def storage_problem(
     # (Hangul too) is walked.
     if "\\ud" in text and has_lone_surrogate(value):
         return "contains a lone surrogate (a half of a UTF-16 pair), which is not text"
+    name = "this database" if db is None else connections[db].display_name
     if refuses_nul(db) and "\\u0000" in text and has_nul(value):
-        name = connections[db].display_name
         return f"contains a NUL character (\\x00), which {name} cannot store in JSON"
     allowed = max_depth(db)
     if text.count("[") + text.count("{") > allowed - base:
         found = depth(value)
         if found + base > allowed:
-            where = f"{connections[db].display_name}'s JSON" if allowed < MAX_DEPTH else "a job"
+            where = f"{name}'s JSON" if allowed < MAX_DEPTH else "a job"
             return f"is nested {found} levels deep; {where} holds at most {allowed - base}"
     return None
 
@@ -155,7 +155,7 @@ def json_arguments(
                 or storage_problem(text, normalized_kwargs, db, ARGUMENTS_SIZE, limit) is None
             )
         ):
-            return normalized_args, normalized_kwargs
+            return cast(list, normalized_args), cast(dict, normalized_kwargs)
     except (TypeError, ValueError, RecursionError):
         pass
     raise argument_error(args, kwargs, db, limit)

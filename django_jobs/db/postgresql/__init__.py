@@ -85,7 +85,8 @@ class Operations(base.Operations):
         keys: Collection[str],
         now: datetime,
     ) -> list[int] | None:
-        return claims.finish_keyed(db, process_id, return_values, keys, now)
+        finished = claims.finish_keyed(db, process_id, return_values, keys, now)
+        return None if finished is None else list(finished)
 
     def recount_and_promote(self, db: str, semaphores: list[Semaphore], now: datetime) -> int:
         return admission.recount_and_promote(db, semaphores, now)

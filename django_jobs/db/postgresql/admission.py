@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import cache
+from typing import Any
 
 from django.db import connections
 
@@ -47,7 +48,7 @@ def recount_and_promote(db: str, semaphores: list[Semaphore], now: datetime) -> 
     return len(queues)
 
 
-def recount_params(keys: list[str], now: datetime) -> dict[str, object]:
+def recount_params(keys: list[str], now: datetime) -> dict[str, Any]:
     return {"keys": keys, "now": now, "ready": JobStatus.READY}
 
 

@@ -21,10 +21,12 @@ import functools
 import json
 from collections.abc import Collection
 from datetime import datetime
+from typing import Any
 
 from django.db import connections
-from django.db.models import Q
+from django.db.models import Field, Q
 
+from django_jobs.db.base import column
 from django_jobs.db.notify import jobs_ready
 from django_jobs.db.postgresql.admission import lock_statement, recount_params, recount_statement
 from django_jobs.db.rows import Started
@@ -41,7 +43,7 @@ from django_jobs.models import (
 try:
     from psycopg import ClientCursor
 except ImportError:  # psycopg2, or no PostgreSQL driver installed at all
-    ClientCursor = None
+    ClientCursor = None  # type: ignore[assignment,misc]  # the usual optional import
 
 
 def claim_matching(
@@ -66,7 +68,7 @@ def claim_matching(
     """
     sql, picked_params = claim_statement(db, condition, limit, worker_id is not None)
     if worker_id is None:
-        moved_params: list[object] = [JobStatus.CLAIMED]
+        moved_params: list[Any] = [JobStatus.CLAIMED]
     else:
         start = UniqueUntil.START
         moved_params = [
@@ -115,7 +117,7 @@ def claim_statement(
     job, ready, claimed = (
         quote(model._meta.db_table) for model in (Job, ReadyExecution, ClaimedExecution)
     )
-    columns = ", ".join(f"{job}.{quote(f.column)}" for f in Job._meta.concrete_fields)
+    columns = ", ".join(f"{job}.{quote(column(f))}" for f in Job._meta.concrete_fields)
     if not starts:
         moved = f"UPDATE {job} SET status = %s "
     else:
@@ -156,13 +158,19 @@ def job_columns(db: str) -> tuple[tuple[str, ...], tuple[tuple[int, list], ...]]
     connection = connections[db]
     fields = Job._meta.concrete_fields
     converters = tuple(
-        (index, [*connection.ops.get_db_converters(field), *field.get_db_converters(connection)])
-        for index, field in enumerate(fields)
+        (index, field_converters(connection, field)) for index, field in enumerate(fields)
     )
     return (
         tuple(field.attname for field in fields),
         tuple((index, found) for index, found in converters if found),
     )
+
+
+def field_converters(connection: Any, field: Field) -> list:
+    """The backend's converters of ``field``'s column, then the field's own."""
+    # The backend's take an expression; the field stands for its own column here.
+    backend = connection.ops.get_db_converters(field)
+    return [*backend, *field.get_db_converters(connection)]
 
 
 def job_from_row(db: str, connection, row: tuple) -> Job:
@@ -184,7 +192,7 @@ def start_held(
     Returns each one's start as written. A claim gone (recovered, pruned) leaves
     its job out: the locking subquery skips a row deleted while it waited.
     """
-    params = [
+    params: list[Any] = [
         JobStatus.RUNNING,
         json.dumps([worker_id]),
         now,
@@ -298,7 +306,7 @@ def finish_keyed(
 
 def finish_params(
     process_id: int, return_values: dict[int, object], now: datetime
-) -> dict[str, object]:
+) -> dict[str, Any]:
     encoder = Job._meta.get_field("return_value").encoder
     return {
         "process": process_id,

@@ -19,6 +19,7 @@ from functools import cache
 
 from django.db import connections, models
 
+from django_jobs.db.base import column
 from django_jobs.db.notify import jobs_ready
 from django_jobs.models import Job, ReadyExecution
 
@@ -84,7 +85,7 @@ def with_ready_rows(db: str, fields: list[models.Field], rows: str) -> str:
     """The statement that inserts ``rows`` (a VALUES list or a SELECT giving ``fields``)
     into the jobs table and a ready row for each, returning the new ids."""
     quote = connections[db].ops.quote_name
-    columns = ", ".join(quote(field.column) for field in fields)
+    columns = ", ".join(quote(column(field)) for field in fields)
     job_table = quote(Job._meta.db_table)
     ready_table = quote(ReadyExecution._meta.db_table)
     return (

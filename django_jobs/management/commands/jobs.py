@@ -34,6 +34,17 @@ class Command(BaseCommand):
         self.render(state)
 
     def render(self, state: Snapshot) -> None:
+        """The snapshot as text, one section per part of the queue."""
+        for section in (
+            self.render_queues,
+            self.render_blocked_keys,
+            self.render_stuck,
+            self.render_processes,
+            self.render_progress,
+        ):
+            section(state)
+
+    def render_queues(self, state: Snapshot) -> None:
         out = self.stdout.write
         out(self.style.MIGRATE_HEADING(f"Queues (at {state.taken_at:%Y-%m-%d %H:%M:%S %Z})"))
         header = ["queue", *STATES]
@@ -45,6 +56,9 @@ class Command(BaseCommand):
             for queue, counts in state.queues.items()
         ]
         out(table(header, rows) if rows else "  no jobs")
+
+    def render_blocked_keys(self, state: Snapshot) -> None:
+        out = self.stdout.write
         out(self.style.MIGRATE_HEADING("Blocked concurrency keys"))
         key_rows = [
             [
@@ -68,12 +82,18 @@ class Command(BaseCommand):
                 f"  ... the first {len(key_rows):,} of {in_all} keys (by name); the admin's "
                 "blocked page lists every key"
             )
+
+    def render_stuck(self, state: Snapshot) -> None:
+        out = self.stdout.write
         out(self.style.MIGRATE_HEADING("Stuck jobs"))
         for kind, job_ids in state.stuck.items():
             label = kind.replace("_", " ")
             listed = ", ".join(map(str, job_ids[:10])) + (" ..." if len(job_ids) > 10 else "")
             line = f"  {label}: {len(job_ids)}" + (f"  [{listed}]" if job_ids else "")
             out(self.style.WARNING(line) if job_ids else line)
+
+    def render_processes(self, state: Snapshot) -> None:
+        out = self.stdout.write
         out(self.style.MIGRATE_HEADING("Processes"))
         proc_rows = [
             [
@@ -91,6 +111,9 @@ class Command(BaseCommand):
             if proc_rows
             else "  none running"
         )
+
+    def render_progress(self, state: Snapshot) -> None:
+        out = self.stdout.write
         out(self.style.MIGRATE_HEADING("Progress of running jobs"))
         progress_rows = [
             [

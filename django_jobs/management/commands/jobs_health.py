@@ -14,6 +14,7 @@ answer that question.
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -30,7 +31,7 @@ UNHEALTHY = 1
 DATABASE_UNREACHABLE = 2
 
 
-def provides(row: dict[str, Any], kind: str) -> bool:
+def provides(row: Mapping[str, Any], kind: str) -> bool:
     """Whether the process of ``row`` does the work of ``kind``.
 
     ``run_jobs --single-process`` registers one worker row; its dispatcher is a
