@@ -335,7 +335,8 @@ class Notifier:
             while not self.pending and not self.pending_cancels and not self.halted:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    self.wanted.wait(remaining)
+                    return None
+                self.wanted.wait(remaining)
             if self.halted:
                 return None
             queues, self.pending = self.pending, set()
@@ -421,4 +422,3 @@ def close(connection: Any) -> None:
             connection.close()
         except Exception:
             pass
-    return None
