@@ -1,8 +1,8 @@
 """System checks: settings that would make the worker misbehave are errors at startup.
 
-Registered by the app (``apps.DjangoJobsConfig.ready``): :func:`jobs_checks` runs
-:func:`backend_checks` for every django-jobs backend in ``TASKS``. This module imports the
-backend, never the reverse.
+Django's ``check_tasks`` asks every backend in ``TASKS`` for its problems:
+``JobsBackend.check()`` answers with :func:`backend_checks`. This module knows the backends
+through ``tasks.backends`` only, so the backend can import it.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from django.db import connections
 from django.tasks import Task
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 
-from django_jobs.backend import JobsBackend, jobs_backends
 from django_jobs.conf import SETTINGS_NAME, JobsSettings, did_you_mean
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_zone
 from django_jobs.db import features
 from django_jobs.exceptions import InvalidTaskArguments, TaskNotFound
 from django_jobs.limits import declared_seconds, is_number
+from django_jobs.tasks.backends import JobsBackendBase, jobs_backends
 from django_jobs.tasks.job_task import MAX_CONCURRENCY_LIMIT, bound_arguments, is_int
 from django_jobs.tasks.loading import load_task
 from django_jobs.tasks.rates import named_rate
@@ -34,13 +34,7 @@ from django_jobs.text import safe_repr
 MAX_SIZE = 2**30
 
 
-def jobs_checks(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """The system check of django-jobs: :func:`backend_checks` of each of its backends (as
-    Django's own ``check_tasks`` asks every backend, and with no tags, as it has none)."""
-    return [error for backend in jobs_backends() for error in backend_checks(backend)]
-
-
-def backend_checks(backend: JobsBackend) -> list[Any]:
+def backend_checks(backend: JobsBackendBase) -> list[Any]:
     """Every problem at once: one run of ``check`` lists them all, none hides another."""
     errors: list[Any] = []
     db = backend.database
@@ -288,12 +282,12 @@ def listen_notify_checks(conf: JobsSettings) -> list[Any]:
     if isinstance(value, bool):
         return []
     if isinstance(value, str) and value in connections.databases:
-        if features(value).can_listen:
+        if features(value).has_listen_notify:
             return []
     return [
         Error(
             f"DJANGO_JOBS['listen_notify'] must be True, False or the alias of a PostgreSQL "
-            f"database (through psycopg 3) in DATABASES, not {value!r}.",
+            f"database in DATABASES, not {value!r}.",
             id="django_jobs.E021",
         )
     ]
@@ -319,7 +313,7 @@ def rate_limit_checks(conf: JobsSettings) -> list[Any]:
     return errors
 
 
-def owns_settings_checks(backend: JobsBackend) -> bool:
+def owns_settings_checks(backend: JobsBackendBase) -> bool:
     """``DJANGO_JOBS`` is one dict: the first django-jobs backend in TASKS checks it, so
     two backends do not report each problem twice (a recurring entry is checked
     against its own task's backend)."""

@@ -51,6 +51,8 @@ def new_path(name: str) -> str | None:
     """The current path of an old module path (``django_jobs.runner.worker`` included)."""
     if name in MOVED:
         return MOVED[name]
+    if name == "django_jobs.runner.db_retry":
+        return "django_jobs.db.retry"
     if name.startswith("django_jobs.runner."):
         return "django_jobs.runtime." + name.removeprefix("django_jobs.runner.")
     return None

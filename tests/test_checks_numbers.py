@@ -147,3 +147,15 @@ def test_what_the_checks_accept_is_a_finite_number_in_the_documented_range(name,
         assert len(errors) == 1 and errors[0].id == f"django_jobs.{DOCUMENTED[name][5]}"
     else:
         assert in_documented_range(name, value), (name, value)
+
+
+@pytest.mark.django_db  # run_checks() runs the database checks too
+def test_the_backends_own_check_and_djangos_check_run_report_the_same_problem():
+    """Django asks each backend of TASKS (``check_tasks`` calls ``backend.check()``): a bad
+    setting is an error there, and once in ``manage.py check``'s run, not twice."""
+    from django.core.checks import run_checks
+
+    with override_settings(DJANGO_JOBS={"batch_size": 0}):
+        own = [e.id for e in default_task_backend.check() if "['batch_size']" in e.msg]
+        run = [e.id for e in run_checks() if "['batch_size']" in e.msg]
+    assert own == run == ["django_jobs.E007"]

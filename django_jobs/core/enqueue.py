@@ -57,6 +57,15 @@ class EnqueuingBackend(Protocol):
 
     def get_result(self, result_id: str) -> TaskResult: ...
 
+    def prepare_job(
+        self,
+        task: Task,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        batch: Batch | None = None,
+        checked: dict[int, dict[str, Any]] | None = None,
+    ) -> tuple[Job, Task]: ...
+
 
 def bulk_enqueue(
     backend: EnqueuingBackend, calls: Iterable[Call], *, batch: Batch | None = None
@@ -103,8 +112,9 @@ def write_calls(
     duplicate's holder), for the ``task_enqueued`` signal.
     """
     checked: dict[int, dict[str, Any]] = {}  # id(task) -> its options, validated once
+    # Through the backend, so that a subclass's prepare_job applies here as to callbacks.
     prepared = [
-        prepare_job(backend, task, args, kwargs, batch, checked) for task, args, kwargs in calls
+        backend.prepare_job(task, args, kwargs, batch, checked) for task, args, kwargs in calls
     ]
     db = backend.database
     quick = one_statement_jobs(db, prepared)

@@ -23,8 +23,8 @@ from django.db.models import Q
 from django.tasks import Task
 from django.utils import timezone
 
-from django_jobs.backend import jobs_backends
 from django_jobs.models import RecurringExecution, RecurringTask
+from django_jobs.tasks.backends import jobs_backends
 from django_jobs.tasks.loading import load_task
 from django_jobs.tasks.schedules import Schedule, ScheduleError, parse_schedule, whole_second
 from django_jobs.text import jobs_logger

@@ -49,7 +49,10 @@ class Features:
     can_promote_in_one_statement = False
     # One statement inserts ready jobs and their ready rows (column arrays).
     can_insert_ready_in_one_statement = False
-    # LISTEN/NOTIFY wakes idle workers (else they poll).
+    # The database has LISTEN/NOTIFY (``DJANGO_JOBS["listen_notify"]`` may name it) ...
+    has_listen_notify = False
+    # ... and our listener and notifier can use it here: idle workers are woken at once
+    # (else they poll).
     can_listen = False
     # A locking read locks every row it reads, not only those it returns (InnoDB): a
     # ``prefix*`` claim picks its candidates by plain reads first (core.claims.prefix_queues).

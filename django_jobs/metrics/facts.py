@@ -25,7 +25,6 @@ from datetime import datetime, timedelta
 from django.db.models import Count
 from django.utils import timezone
 
-from django_jobs.backend import jobs_backends
 from django_jobs.conf import JobsSettings
 from django_jobs.models import BlockedExecution, Pause
 from django_jobs.observability.inspection import (
@@ -36,6 +35,7 @@ from django_jobs.observability.inspection import (
     count_queues,
     processes,
 )
+from django_jobs.tasks.backends import jobs_backends
 
 LAST_MINUTE = timedelta(seconds=60)
 

@@ -66,7 +66,7 @@ def start_listener(
     by default this process's watchdogs) if the database and settings allow it."""
     alias = listen_alias(conf)
     if alias is None:
-        if conf.listen_notify is False and features(conf.database).can_listen:
+        if conf.listen_notify is False and features(conf.database).has_listen_notify:
             logger.info(
                 "not listening for ready jobs (DJANGO_JOBS['listen_notify'] is False): "
                 "polling every %ss (cancel requests every %ss)",

@@ -47,6 +47,12 @@ def refuses_nul(db: str | None) -> bool:
     return db is not None and features(db).refuses_nul_in_text
 
 
+def display_name(db: str | None) -> str:
+    """The database's name for a message (read only then: on MariaDB it may need the
+    server's version, a query)."""
+    return "this database" if db is None else connections[db].display_name
+
+
 def depth(value: Any) -> int:
     """How deeply ``value`` nests (a scalar: 0, ``[]``: 1), without recursion: a value
     nested 5,000 deep must get an answer, not a ``RecursionError``."""
@@ -119,14 +125,13 @@ def storage_problem(
     # (Hangul too) is walked.
     if "\\ud" in text and has_lone_surrogate(value):
         return "contains a lone surrogate (a half of a UTF-16 pair), which is not text"
-    name = "this database" if db is None else connections[db].display_name
     if refuses_nul(db) and "\\u0000" in text and has_nul(value):
-        return f"contains a NUL character (\\x00), which {name} cannot store in JSON"
+        return f"contains a NUL character (\\x00), which {display_name(db)} cannot store in JSON"
     allowed = max_depth(db)
     if text.count("[") + text.count("{") > allowed - base:
         found = depth(value)
         if found + base > allowed:
-            where = f"{name}'s JSON" if allowed < MAX_DEPTH else "a job"
+            where = f"{display_name(db)}'s JSON" if allowed < MAX_DEPTH else "a job"
             return f"is nested {found} levels deep; {where} holds at most {allowed - base}"
     return None
 

@@ -29,6 +29,7 @@ class Features(base.Features):
     can_finish_in_one_statement = True
     can_promote_in_one_statement = True
     can_insert_ready_in_one_statement = True
+    has_listen_notify = True
     # jsonb refuses \u0000, and text columns refuse NUL.
     refuses_nul_in_text = True
 
