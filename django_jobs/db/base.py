@@ -96,7 +96,8 @@ class Operations:
     def delete_where(
         self, db: str, model: type[models.Model], column: str, ids: Collection[int]
     ) -> int:
-        """``DELETE FROM model WHERE column IN ids``, in chunks."""
+        """Delete the rows of ``model`` whose ``column`` is one of ``ids``, in chunks of
+        :data:`DELETE_CHUNK`, each by :meth:`delete_statement`; returns how many."""
         if not ids:
             return 0
         connection = connections[db]
@@ -107,10 +108,15 @@ class Operations:
         with connection.cursor() as cursor:
             for start in range(0, len(ordered), DELETE_CHUNK):
                 chunk = ordered[start : start + DELETE_CHUNK]
-                marks = ", ".join(["%s"] * len(chunk))
-                cursor.execute(f"DELETE FROM {table} WHERE {name} IN ({marks})", chunk)
+                cursor.execute(self.delete_statement(table, name, len(chunk)), chunk)
                 deleted += cursor.rowcount
         return deleted
+
+    def delete_statement(self, table: str, column: str, count: int) -> str:
+        """Delete by ids: the rows of ``table`` (quoted) whose ``column`` is one of
+        ``count`` parameters."""
+        marks = ", ".join(["%s"] * count)
+        return f"DELETE FROM {table} WHERE {column} IN ({marks})"
 
     # The statements of a claim, a start and a finish, written once in SQL rather than built
     # by the ORM: on MariaDB and SQLite they are every worker's every batch, and building the

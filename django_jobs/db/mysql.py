@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from django.db import connections, models
+from django.db import models
 from django.db.models import QuerySet
 
 from django_jobs.db import base
-from django_jobs.db.base import DELETE_CHUNK, RowT
+from django_jobs.db.base import RowT
 
 # MariaDB's JSON_VALID refuses a document nested 32 levels deep.
 MARIADB_MAX_JSON_DEPTH = 31
@@ -30,34 +30,20 @@ class Operations(base.Operations):
         rows = rows.select_for_update()
         return [row for key in sorted(set(keys)) for row in rows.filter(key=key)]
 
-    def delete_where(
-        self, db: str, model: type[models.Model], column: str, ids: Collection[int]
-    ) -> int:
-        """A ``DELETE ... WHERE id IN (...)`` on a small table (the claims of a few workers,
-        the tail of a drained ready table) runs as a full scan, and a DELETE, unlike an
-        UPDATE, gets no semi-consistent read in READ COMMITTED: it waits for the lock of
-        every row it reads, including the rows other workers hold. Two finishing workers,
-        each scanning into the other's claims: a deadlock (tests/test_finish_races.py
-        forces it). Here the ids are a derived table joined first (``STRAIGHT_JOIN``), so
-        each row is reached by a primary-key lookup that locks that row alone."""
-        if not ids:
-            return 0
-        connection = connections[db]
-        quote = connection.ops.quote_name
-        table, name = quote(model._meta.db_table), quote(column)
-        ordered = sorted(ids)
-        deleted = 0
-        with connection.cursor() as cursor:
-            for start in range(0, len(ordered), DELETE_CHUNK):
-                chunk = ordered[start : start + DELETE_CHUNK]
-                derived = " UNION ALL ".join(["SELECT %s AS id_"] * len(chunk))
-                cursor.execute(
-                    f"DELETE rows_ FROM ({derived}) AS ids_ STRAIGHT_JOIN {table} AS rows_ "
-                    f"ON rows_.{name} = ids_.id_",
-                    chunk,
-                )
-                deleted += cursor.rowcount
-        return deleted
+    def delete_statement(self, table: str, column: str, count: int) -> str:
+        """Delete by ids, reaching each row by its own key. A ``DELETE ... WHERE id IN
+        (...)`` on a small table (the claims of a few workers, the tail of a drained ready
+        table) runs as a full scan, and a DELETE, unlike an UPDATE, gets no
+        semi-consistent read in READ COMMITTED: it waits for the lock of every row it
+        reads, including the rows other workers hold. Two finishing workers, each scanning
+        into the other's claims: a deadlock (tests/test_finish_races.py forces it). Here
+        the ids are a derived table joined first (``STRAIGHT_JOIN``), so each row is
+        reached by a primary-key lookup that locks that row alone."""
+        derived = " UNION ALL ".join(["SELECT %s AS id_"] * count)
+        return (
+            f"DELETE rows_ FROM ({derived}) AS ids_ STRAIGHT_JOIN {table} AS rows_ "
+            f"ON rows_.{column} = ids_.id_"
+        )
 
     def delete_executions(
         self, db: str, model: type[models.Model], job_ids: Collection[int]
