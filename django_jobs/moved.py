@@ -38,6 +38,8 @@ MOVED: dict[str, str] = {
     "django_jobs.recurring": "django_jobs.core.recurring",
     "django_jobs.results": "django_jobs.tasks.results",
     "django_jobs.runner": "django_jobs.runtime",
+    # The one module of runner/ that did not move to runtime/ (the prefix rule below).
+    "django_jobs.runner.db_retry": "django_jobs.db.retry",
     "django_jobs.schedules": "django_jobs.tasks.schedules",
     "django_jobs.scheduling": "django_jobs.core.scheduling",
     "django_jobs.serialization": "django_jobs.tasks.serialization",
@@ -51,8 +53,6 @@ def new_path(name: str) -> str | None:
     """The current path of an old module path (``django_jobs.runner.worker`` included)."""
     if name in MOVED:
         return MOVED[name]
-    if name == "django_jobs.runner.db_retry":
-        return "django_jobs.db.retry"
     if name.startswith("django_jobs.runner."):
         return "django_jobs.runtime." + name.removeprefix("django_jobs.runner.")
     return None
