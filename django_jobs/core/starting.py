@@ -8,6 +8,7 @@ it goes back to wait as a scheduled job, costing no attempt.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from django.utils import timezone
@@ -43,12 +44,12 @@ def start_jobs(db: str, jobs: list[Job], process_id: int, worker_id: str) -> lis
         return []
     now = timezone.now()
     ids = [job.pk for job in jobs]
-    written: dict[int, Started | Waiting]
+    written: Mapping[int, Started | Waiting]
     if any(job.rate_key for job in jobs):
         ensure_rate_rows(db, {job.rate_key for job in jobs if job.rate_key})
         written = start_locked(db, ids, process_id, worker_id, now)
     elif features(db).can_start_in_one_statement:
-        written = dict(ops(db).start_held(db, ids, process_id, worker_id, now))
+        written = ops(db).start_held(db, ids, process_id, worker_id, now)
     else:
         written = start_locked(db, ids, process_id, worker_id, now)
     started = []

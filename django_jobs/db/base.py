@@ -277,7 +277,7 @@ class Operations:
 
     def start_held(
         self, db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
-    ) -> dict[int, Any]:
+    ) -> dict[int, Started]:
         """``features.can_start_in_one_statement``: start this process's claimed jobs."""
         raise NotImplementedError
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.db.models import QuerySet
 from django.db.models.functions import Collate
@@ -16,6 +16,7 @@ from django.db.models.functions import Collate
 from django_jobs.db import base
 from django_jobs.db.base import RowT
 from django_jobs.db.postgresql import admission, claims, insert
+from django_jobs.db.rows import Started
 
 if TYPE_CHECKING:
     from django.db.models import Q
@@ -64,7 +65,7 @@ class Operations(base.Operations):
 
     def start_held(
         self, db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
-    ) -> dict[int, Any]:
+    ) -> dict[int, Started]:
         return claims.start_held(db, job_ids, process_id, worker_id, now)
 
     def finish_unbatched(
