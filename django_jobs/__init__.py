@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
     from django_jobs.core.batches import BatchResult
     from django_jobs.core.progress import Progress
+    from django_jobs.core.workflows import WorkflowResult
     from django_jobs.exceptions import Snooze
     from django_jobs.tasks.backoff import Exponential
     from django_jobs.tasks.job_task import Call, task
@@ -25,11 +26,16 @@ __all__ = [
     "bulk_enqueue",
     "cancel",
     "cancel_requested",
+    "cancel_workflow",
+    "chain",
+    "dependency_results",
     "enqueue_batch",
     "enqueue_on_commit",
+    "get_workflow",
     "progress",
     "set_progress",
     "task",
+    "workflow",
 ]
 
 
@@ -152,6 +158,36 @@ def progress(result_id: str | int, *, using: str | None = None) -> Progress | No
     return _progress(result_id, using=using)
 
 
+def chain(*steps: Any, name: str = "") -> WorkflowResult:
+    """Enqueue ``steps`` as a workflow where each waits for the one before: each a task
+    (called with no arguments) or a ``(task, args, kwargs)`` tuple (docs/workflows.md)."""
+    from django_jobs.core.workflows import chain as _chain
+
+    return _chain(*steps, name=name)
+
+
+def cancel_workflow(workflow: int | WorkflowResult, *, using: str | None = None) -> int:
+    """Cancel a workflow: nothing of it starts after this; waiting jobs end now, running
+    ones are asked to stop. Returns how many jobs it cancelled or asked to stop."""
+    from django_jobs.core.workflows import cancel_workflow as _cancel
+
+    return _cancel(workflow, using=using)
+
+
+def get_workflow(workflow_id: int, *, using: str | None = None) -> WorkflowResult:
+    """A workflow by id: its nodes' results and, through ``status``, its state now."""
+    from django_jobs.core.workflows import get_workflow as _get
+
+    return _get(workflow_id, using=using)
+
+
+def dependency_results() -> list[TaskResult]:
+    """Inside a task: the results of the jobs it waited for, in its ``after`` order."""
+    from django_jobs.core.workflows import dependency_results as _results
+
+    return _results()
+
+
 def __getattr__(name: str) -> Any:
     """The public names whose modules load only when first used: ``import django_jobs``
     stays fast (no ``django.tasks``, no models)."""
@@ -165,6 +201,11 @@ def __getattr__(name: str) -> Any:
         from django_jobs.tasks.backoff import Exponential
 
         return Exponential
+    if name == "workflow":
+        # The context manager itself: ``with django_jobs.workflow("name") as wf:``.
+        from django_jobs.core.workflows import workflow
+
+        return workflow
     if name == "Snooze":
         from django_jobs.exceptions import Snooze
 

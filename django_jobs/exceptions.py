@@ -78,3 +78,16 @@ class ResultNotStored(Exception):
     (not JSON, a NUL character on PostgreSQL, nested too deeply, over
     ``max_result_size``, or refused by the database itself). The body ran to its end,
     so the job is not retried: running it again would most likely return the same."""
+
+
+class DependencyFailed(Exception):
+    """Recorded as the error of a job that never ran because a job it waited for failed
+    for good (failed, cancelled or discarded) and its ``on_dependency_failure`` was
+    ``"cancel"`` or ``"fail"``, or because its workflow was cancelled or failed. It made
+    no attempt; retrying the failed dependency from the admin brings it back
+    (docs/workflows.md)."""
+
+
+class InvalidDependency(InvalidTask):
+    """An ``after=`` the enqueue refuses: a job that does not exist, one in another
+    database, or a graph with a cycle. Nothing is enqueued."""

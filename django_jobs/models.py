@@ -18,6 +18,8 @@ class JobStatus(models.TextChoices):
     SCHEDULED = "scheduled", "Scheduled"
     READY = "ready", "Ready"
     BLOCKED = "blocked", "Blocked"
+    # Waiting for the jobs it depends on (a workflow's node): an ``AwaitingExecution`` row.
+    AWAITING = "awaiting", "Awaiting dependencies"
     CLAIMED = "claimed", "Claimed"
     RUNNING = "running", "Running"
     SUCCEEDED = "succeeded", "Succeeded"
@@ -25,13 +27,14 @@ class JobStatus(models.TextChoices):
     DISCARDED = "discarded", "Discarded"
 
 
-WAITING_STATUSES = (JobStatus.SCHEDULED, JobStatus.READY, JobStatus.BLOCKED)
+WAITING_STATUSES = (JobStatus.SCHEDULED, JobStatus.READY, JobStatus.BLOCKED, JobStatus.AWAITING)
 FINISHED_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DISCARDED)
 
 TASK_RESULT_STATUS = {
     JobStatus.SCHEDULED: TaskResultStatus.READY,
     JobStatus.READY: TaskResultStatus.READY,
     JobStatus.BLOCKED: TaskResultStatus.READY,
+    JobStatus.AWAITING: TaskResultStatus.READY,
     # Claimed but not yet started: the function has not run, so not RUNNING.
     JobStatus.CLAIMED: TaskResultStatus.READY,
     JobStatus.RUNNING: TaskResultStatus.RUNNING,
@@ -82,6 +85,41 @@ class Batch(models.Model):
     @property
     def concurrency_key(self) -> str | None:
         return f"django_jobs.batch/{self.pk}" if self.concurrency_limit else None
+
+
+class DependencyFailure(models.TextChoices):
+    """What becomes of a job when one of the jobs it waits for fails for good (failed,
+    cancelled or discarded): ``core/dependencies.py``."""
+
+    CANCEL = "cancel", "cancel it (and, in turn, what waits for it)"
+    RUN = "run", "run it anyway, once every dependency has ended"
+    FAIL = "fail", "fail the whole workflow"
+
+
+class Workflow(models.Model):
+    """A graph of jobs that wait for one another, enqueued together (``workflow()``) or
+    grown by ``using(after=...)``.
+
+    Its state is read from its jobs (``observability/workflows.py``), never counted here:
+    a row every node's finish updated would serialise every finish of a wide workflow.
+    Only an end decided for the whole graph (an operator's cancel, a node's
+    ``on_dependency_failure="fail"``) is written, as ``ended_as``.
+    """
+
+    class Ending(models.TextChoices):
+        CANCELLED = "cancelled", "Cancelled"
+        FAILED = "failed", "Failed"
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=255, blank=True)
+    ended_as = models.CharField(max_length=16, choices=Ending.choices, null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # The job that enqueued it, when a task did.
+    parent_job_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.name or 'workflow'} #{self.pk}"
 
 
 class Job(models.Model):
@@ -144,6 +182,21 @@ class Job(models.Model):
         blank=True,
         related_name="jobs",
     )
+    # The workflow it is a node of; set on every job that has dependents, which is how
+    # a finish knows (under the job's lock) that it has dependents to release.
+    workflow = models.ForeignKey(
+        Workflow,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # jobs_job_workflow leads with it
+        null=True,
+        blank=True,
+        related_name="jobs",
+    )
+    # For a job with dependencies: what happens to it when one fails for good.
+    on_dependency_failure = models.CharField(
+        max_length=8, choices=DependencyFailure.choices, null=True, blank=True
+    )
     # The last progress its task reported (``django_jobs.set_progress``): written only by
     # the worker's progress writer, one UPDATE of these four columns by primary key
     # (django_jobs/core/progress.py), never by a transition. NULL until it reports.
@@ -166,6 +219,7 @@ class Job(models.Model):
             models.Index(fields=["task_path"], name="jobs_job_task_path"),
             models.Index(fields=["concurrency_key"], name="jobs_job_concurrency_key"),
             models.Index(fields=["unique_key"], name="jobs_job_unique_key"),
+            models.Index(fields=["workflow", "status"], name="jobs_job_workflow"),
         ]
 
     def __str__(self) -> str:
@@ -237,6 +291,67 @@ class BlockedExecution(models.Model):
 
     def __str__(self) -> str:
         return f"blocked #{self.job_id} on {self.concurrency_key}"
+
+
+class AwaitingExecution(models.Model):
+    """A job waiting for the jobs it depends on; ``remaining``: how many have not ended yet.
+
+    ``remaining`` only moves under this row's lock, in the transaction that settles one
+    of the job's dependency edges (``core/dependencies.py``): the one that takes it to
+    zero makes the job runnable, exactly once, whatever else ends at the same instant.
+    """
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="awaiting_execution"
+    )
+    queue_name = models.CharField(max_length=128)
+    priority = models.SmallIntegerField(default=0)
+    remaining = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"awaiting #{self.job_id} ({self.remaining} left)"
+
+
+class JobDependency(models.Model):
+    """An edge: ``job`` waits for ``depends_on``.
+
+    ``settled``: the end of ``depends_on`` has been applied to ``job`` (its count moved,
+    or the job ended by its policy). Flipped once, under this row's lock, so an edge is
+    settled exactly once however many paths (the parent's end, the follow-up, the
+    dispatcher's sweep) race for it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        Job,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # led by jobs_dependency_once
+        related_name="dependencies",
+    )
+    depends_on = models.ForeignKey(
+        Job,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # led by jobs_dependency_parent
+        related_name="dependents",
+    )
+    # Its place in the job's ``after`` list: dependency_results() keeps that order.
+    position = models.PositiveIntegerField(default=0)
+    settled = models.BooleanField(default=False)
+
+    class Meta:
+        verbose_name_plural = "job dependencies"
+        constraints = [
+            models.UniqueConstraint(fields=["job", "depends_on"], name="jobs_dependency_once")
+        ]
+        indexes = [
+            models.Index(fields=["depends_on", "settled"], name="jobs_dependency_parent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.job_id} after #{self.depends_on_id}"
 
 
 class Process(models.Model):

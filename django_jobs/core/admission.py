@@ -22,7 +22,8 @@ from django.db.models import Count, F, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from django_jobs.core.batches import count_failed
+from django_jobs.core.batches import count_outcomes
+from django_jobs.core.dependencies import batch_failures, merge_outcomes, settle_ended
 from django_jobs.core.ready import make_ready, set_status
 from django_jobs.db import features, ops
 from django_jobs.models import (
@@ -53,9 +54,11 @@ def admit_jobs(db: str, jobs: Iterable[Job]) -> None:
     discarded: list[Job] = []
     for key in sorted(by_key):
         discarded += admit_to_key(db, key, by_key[key])
-    # Batch rows come after every semaphore (lock order): counted once all keys are done.
-    # A discarded batch item is terminal: its batch counts it as failed.
-    count_failed(db, discarded)
+    # A discarded job is terminal: what waits for it meets its policy, and its batch
+    # counts it as failed; both after every semaphore (lock order), once all keys are done.
+    if discarded:
+        ended = settle_ended(db, {job.pk: False for job in discarded})
+        count_outcomes(db, merge_outcomes(batch_failures(discarded), ended))
 
 
 def lock_semaphore(db: str, key: str, limit: int) -> Semaphore:

@@ -25,7 +25,8 @@ from django_jobs.core.admission import (
     release_slot,
     release_slots,
 )
-from django_jobs.core.batches import count_failed, count_outcome, count_outcomes
+from django_jobs.core.batches import count_outcomes
+from django_jobs.core.dependencies import batch_failures, merge_outcomes, settle_ended
 from django_jobs.core.operator import record_cancelled
 from django_jobs.core.rows import ErrorInfo, FailOutcome
 from django_jobs.db import features, ops
@@ -87,7 +88,11 @@ def finish_unbatched(
 ) -> set[int]:
     """The one-statement finishes of :func:`finish_jobs`: the jobs of ``known`` with no
     batch, those without a key first, then the keyed ones with their slots."""
-    unbatched = [job for job in known if job.batch_id is None and job.pk in return_values]
+    unbatched = [
+        job
+        for job in known
+        if job.batch_id is None and job.workflow_id is None and job.pk in return_values
+    ]
     plain = {job.pk: return_values[job.pk] for job in unbatched if not job.concurrency_key}
     keyed = {job.pk: return_values[job.pk] for job in unbatched if job.concurrency_key}
     done: set[int] = set()
@@ -133,11 +138,17 @@ def finish_locked(db: str, process_id: int, return_values: dict[int, object]) ->
         seam.delete_executions(db, ClaimedExecution, done)
         seam.mark_succeeded(db, done, return_values, timezone.now())
         release_slots(db, {claim.concurrency_key for claim in claims if claim.concurrency_key})
+        # A job of a workflow may have dependents: the mark was read under its row's lock.
+        released = settle_ended(
+            db, {claim.job_id: True for claim in claims if claim.workflow_id is not None}
+        )
         per_batch: dict[int, int] = defaultdict(int)
         for claim in claims:
             if claim.batch_id is not None:
                 per_batch[claim.batch_id] += 1
-        count_outcomes(db, {batch_id: (n, 0) for batch_id, n in per_batch.items()})
+        count_outcomes(
+            db, merge_outcomes({batch_id: (n, 0) for batch_id, n in per_batch.items()}, released)
+        )
     return set(done)
 
 
@@ -198,7 +209,9 @@ def fail_claimed(
     db: str, claim: ClaimedExecution, error: ErrorInfo, *, worker_id: str, retry: bool
 ) -> FailOutcome:
     """The body of :func:`fail_job`; the caller holds the lock on ``claim``."""
-    job = Job.objects.using(db).get(pk=claim.job_id)
+    # Locked (after its claim): its workflow mark, which says whether it has dependents,
+    # is read as an enqueue waiting for it last wrote it (core/dependencies.py).
+    job = Job.objects.using(db).select_for_update().get(pk=claim.job_id)
     now = timezone.now()
     # Whoever built the error, what is written fits every database: no NUL, cut to size.
     FailedExecution.objects.using(db).create(
@@ -228,7 +241,8 @@ def fail_claimed(
     if claim.concurrency_key:
         release_slot(db, claim.concurrency_key)
     if retry_at is None:
-        count_outcome(db, job.batch_id, succeeded=False)
+        ended = settle_ended(db, {job.pk: False}) if job.workflow_id is not None else {}
+        count_outcomes(db, merge_outcomes(batch_failures([job]), ended))
     if retry_at is not None and retry_at <= now:
         # Due at once: through admission, after the slot was given back.
         job.status = JobStatus.SCHEDULED
@@ -311,7 +325,8 @@ def end_cancelled(db: str, jobs: list[Job], keys: Iterable[str | None]) -> None:
             status=JobStatus.FAILED, finished_at=now, unique_lock=None
         )
     release_slots(db, {key for key in keys if key})
-    count_failed(db, jobs)
+    ended = settle_ended(db, {job.pk: False for job in jobs})
+    count_outcomes(db, merge_outcomes(batch_failures(jobs), ended))
 
 
 def delete_claim(db: str, claim: ClaimedExecution) -> None:

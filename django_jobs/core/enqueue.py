@@ -25,13 +25,22 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from django_jobs.core.admission import admit_jobs
+from django_jobs.core.dependencies import Graph, check_databases, graph_of, write_graph
 from django_jobs.core.uniqueness import insert_unique, retry_after, unique_in_key_order
 from django_jobs.db import features, ops
 from django_jobs.db.transactions import hot_transaction
+from django_jobs.exceptions import InvalidDependency
 from django_jobs.models import Batch, Job, JobStatus, ScheduledExecution
 from django_jobs.observability.tracing import record_enqueue
 from django_jobs.tasks.backoff import backoff_to_json
-from django_jobs.tasks.job_task import Call, JobTask, bound_arguments, checked_calls, job_options
+from django_jobs.tasks.job_task import (
+    Call,
+    Dependency,
+    JobTask,
+    bound_arguments,
+    checked_calls,
+    job_options,
+)
 from django_jobs.tasks.results import build_result
 from django_jobs.tasks.serialization import json_arguments
 from django_jobs.text import safe_repr
@@ -68,7 +77,11 @@ class EnqueuingBackend(Protocol):
 
 
 def bulk_enqueue(
-    backend: EnqueuingBackend, calls: Iterable[Call], *, batch: Batch | None = None
+    backend: EnqueuingBackend,
+    calls: Iterable[Call],
+    *,
+    batch: Batch | None = None,
+    graph: Graph | None = None,
 ) -> list[TaskResult]:
     """Enqueue many calls in one transaction and a handful of queries.
 
@@ -76,6 +89,8 @@ def bulk_enqueue(
     call of a unique task whose key is held gives the holder's result
     instead of a new job (see ``django_jobs.core.uniqueness``). ``batch``: the
     (saved) batch the jobs are items of; ``django_jobs.core.batches`` passes it.
+    ``graph``: what the calls wait for, by index (``core.workflows`` builds it; a
+    call's own ``using(after=...)`` is added to it), see ``core.dependencies``.
 
     A deadlock the database breaks by rolling this enqueue back is retried
     when the transaction was this call's own: nothing else was in it, so
@@ -91,7 +106,7 @@ def bulk_enqueue(
     attempt = 1
     while True:
         try:
-            results, new = write_calls(backend, calls, batch)
+            results, new = write_calls(backend, calls, batch, graph)
             break
         except OperationalError as exc:
             if not retry_after(exc, attempt, own_transaction=own_transaction):
@@ -104,7 +119,7 @@ def bulk_enqueue(
 
 
 def write_calls(
-    backend: EnqueuingBackend, calls: list[Call], batch: Batch | None
+    backend: EnqueuingBackend, calls: list[Call], batch: Batch | None, graph: Graph | None = None
 ) -> tuple[list[TaskResult], list[TaskResult]]:
     """One attempt at :func:`bulk_enqueue`: prepare every job, then write them all.
 
@@ -113,10 +128,19 @@ def write_calls(
     """
     checked: dict[int, dict[str, Any]] = {}  # id(task) -> its options, validated once
     # Through the backend, so that a subclass's prepare_job applies here as to callbacks.
+    batches = graph.batches if graph is not None else {}
     prepared = [
-        backend.prepare_job(task, args, kwargs, batch, checked) for task, args, kwargs in calls
+        backend.prepare_job(task, args, kwargs, batches.get(index, batch), checked)
+        for index, (task, args, kwargs) in enumerate(calls)
     ]
     db = backend.database
+    graph = graph_of(prepared, graph)
+    if graph is not None:
+        check_databases(db, graph, backend_databases(graph))
+        with hot_transaction(db):
+            holders = write_graph(db, prepared, graph, insert_unique, unique_in_key_order(prepared))
+            held = {index: backend.get_result(str(holder.pk)) for index, holder in holders.items()}
+        return results_of(prepared, held)
     quick = one_statement_jobs(db, prepared)
     if len(quick) == len(prepared) and len(quick) <= ops(db).insert_chunk_size:
         # One statement, atomic on its own: no BEGIN/COMMIT round trips.
@@ -128,11 +152,39 @@ def write_calls(
             ops(db).insert_ready_jobs(db, quick)
         holders = insert_the_others(db, prepared, {id(job) for job in quick})
         held = {index: backend.get_result(str(holder.pk)) for index, holder in holders.items()}
+    return results_of(prepared, held)
+
+
+def results_of(
+    prepared: list[tuple[Job, Task]], held: dict[int, TaskResult]
+) -> tuple[list[TaskResult], list[TaskResult]]:
+    """Every call's result (a unique key's holder's where ``held`` has one), and the
+    results of the jobs added."""
     results = [
         held[index] if index in held else build_result(job, task=task)
         for index, (job, task) in enumerate(prepared)
     ]
     return results, [result for index, result in enumerate(results) if index not in held]
+
+
+def backend_databases(graph: Graph) -> dict[str, str]:
+    """The database of each backend alias ``graph``'s dependencies name (a backend that
+    is not ours has none, and is refused)."""
+    from django.tasks import task_backends
+
+    databases: dict[str, str] = {}
+    for items in graph.after.values():
+        for item in items:
+            if isinstance(item, Dependency) and item.backend is not None:
+                target = task_backends[item.backend]
+                database = getattr(target, "database", None)
+                if database is None:
+                    raise InvalidDependency(
+                        f"after= names a job of backend {item.backend!r}, "
+                        "which is not a django-jobs backend"
+                    )
+                databases[item.backend] = database
+    return databases
 
 
 def one_statement_jobs(db: str, prepared: list[tuple[Job, Task]]) -> list[Job]:

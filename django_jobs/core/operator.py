@@ -34,11 +34,19 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from django_jobs.core import admission
-from django_jobs.core.batches import count_outcome, reopen_item
+from django_jobs.core.batches import count_outcomes, reopen_item
+from django_jobs.core.dependencies import (
+    merge_outcomes,
+    revive_dependents,
+    settle_ended,
+    unmet_dependencies,
+    wait_again,
+)
 from django_jobs.db import notify, ops
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
 from django_jobs.models import (
     FINISHED_STATUSES,
+    AwaitingExecution,
     BlockedExecution,
     FailedExecution,
     Job,
@@ -71,13 +79,23 @@ def retry_failed_job(db: str, job_id: int) -> bool:
             return False
         if job.unique_key and not retake_unique_key(db, job):
             return False
+        failed, waiting = unmet_dependencies(db, job_id)
+        if failed:
+            # It would wait for a job that will never succeed: retry that one first.
+            return False
         job.max_attempts = max(job.max_attempts, job.attempts + 1)
         job.finished_at = None
         job.run_after = None
         job.save(using=db, update_fields=["max_attempts", "finished_at", "run_after"])
-        admission.admit_jobs(db, [job])
-        # Lock order: job row, semaphore (admission), then the batch row.
-        reopen_item(db, job.batch_id)
+        # What its failure ended waits again (job rows, before any semaphore).
+        revived = revive_dependents(db, job_id)
+        if waiting:
+            wait_again(db, job, waiting)
+        else:
+            admission.admit_jobs(db, [job])
+        # Lock order: job rows, semaphore (admission), then the batch rows.
+        for batch_id in batches_of(db, [job_id, *revived]):
+            reopen_item(db, batch_id)
     return True
 
 
@@ -132,14 +150,24 @@ def discard_many(db: str, job_ids: Iterable[int]) -> int:
     return sum(discard(db, job_id) for job_id in sorted(set(job_ids)))
 
 
+def batches_of(db: str, job_ids: list[int]) -> list[int]:
+    """The batch of each of ``job_ids`` that has one, ascending (one entry per job)."""
+    return sorted(
+        Job.objects.using(db)
+        .filter(pk__in=job_ids, batch__isnull=False)
+        .values_list("batch_id", flat=True)
+    )
+
+
 def end_waiting_job(
     db: str,
     job_id: int,
     status: JobStatus,
     record: Callable[[int, datetime], None] | None = None,
 ) -> bool:
-    """End one waiting job (ready, scheduled, blocked) as ``status``; False if it is not
-    waiting (claimed, running, finished or gone). Serves discard and cancel.
+    """End one waiting job (ready, scheduled, blocked, awaiting its dependencies) as
+    ``status``; False if it is not waiting (claimed, running, finished or gone). Serves
+    discard and cancel.
 
     A ready job of a key holds a slot: the key's semaphore is locked first
     (lock order: semaphore, then its ready/blocked rows), the slot recounted
@@ -159,7 +187,12 @@ def end_waiting_job(
             list(Semaphore.objects.using(db).select_for_update().filter(key=key).values("pk"))
         deleted = sum(
             ops(db).delete_executions(db, table, [job_id])
-            for table in (ReadyExecution, ScheduledExecution, BlockedExecution)
+            for table in (
+                ReadyExecution,
+                ScheduledExecution,
+                BlockedExecution,
+                AwaitingExecution,
+            )
         )
         if not deleted:
             return False
@@ -171,7 +204,9 @@ def end_waiting_job(
         )
         if key:
             admission.reconcile_key(db, key)
-        count_outcome(db, batch_id, succeeded=False)
+        # What waits for it meets its policy (after the semaphore, before the batch).
+        ended = settle_ended(db, {job_id: False})
+        count_outcomes(db, merge_outcomes({batch_id: (0, 1)} if batch_id else {}, ended))
     return True
 
 

@@ -29,3 +29,23 @@ def promote_due_jobs(db: str, batch_size: int) -> int:
         jobs = list(Job.objects.using(db).filter(pk__in=due_ids))
         admit_jobs(db, jobs)
     return len(due_ids)
+
+
+def promote_jobs(db: str, job_ids: list[int]) -> int:
+    """Admit the scheduled jobs of ``job_ids`` that are due, now rather than at the
+    dispatcher's next round (a dependent with a concurrency key, just released: it could
+    not take its semaphore in the transaction that released it). A row the dispatcher
+    holds or has already moved is skipped."""
+    with transaction.atomic(using=db):
+        due_ids = list(
+            ScheduledExecution.objects.using(db)
+            .select_for_update(skip_locked=True)
+            .filter(job_id__in=sorted(job_ids), scheduled_at__lte=timezone.now())
+            .order_by("job_id")
+            .values_list("job_id", flat=True)
+        )
+        if not due_ids:
+            return 0
+        ScheduledExecution.objects.using(db).filter(job_id__in=due_ids).delete()
+        admit_jobs(db, list(Job.objects.using(db).filter(pk__in=due_ids)))
+    return len(due_ids)

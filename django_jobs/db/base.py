@@ -218,18 +218,20 @@ class Operations:
 
     def lock_held_claims(self, db: str, process_id: int, ids: list[int]) -> list[HeldClaim]:
         """Lock held claims: those of ``ids`` that ``process_id`` still holds, locked in
-        job id order (a finish's first statement)."""
-        from django_jobs.models import ClaimedExecution
+        job id order (a finish's first statement), each with its job's row, whose
+        workflow mark (a job that may have dependents) is read under that lock."""
+        from django_jobs.models import ClaimedExecution, Job
 
         connection = connections[db]
         quote = connection.ops.quote_name
         marks = ", ".join(["%s"] * len(ids))
         lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+        claimed, job = quote(ClaimedExecution._meta.db_table), quote(Job._meta.db_table)
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT job_id, concurrency_key, batch_id "
-                f"FROM {quote(ClaimedExecution._meta.db_table)} "
-                f"WHERE process_id = %s AND job_id IN ({marks}) ORDER BY job_id{lock}",
+                f"SELECT c.job_id, c.concurrency_key, c.batch_id, j.workflow_id "
+                f"FROM {claimed} c INNER JOIN {job} j ON j.id = c.job_id "
+                f"WHERE c.process_id = %s AND c.job_id IN ({marks}) ORDER BY c.job_id{lock}",
                 [process_id, *sorted(ids)],
             )
             return [HeldClaim(*row) for row in cursor.fetchall()]

@@ -37,3 +37,5 @@ class HeldClaim(NamedTuple):
     job_id: int
     concurrency_key: str | None
     batch_id: int | None
+    # The job's workflow, read under its row's lock: a job of one may have dependents.
+    workflow_id: int | None = None

@@ -18,6 +18,7 @@ from typing import (
     Any,
     Concatenate,
     Literal,
+    NamedTuple,
     TypedDict,
     Unpack,
     cast,
@@ -30,7 +31,7 @@ from django.tasks.base import DEFAULT_TASK_PRIORITY
 from django.tasks.exceptions import InvalidTask
 
 from django_jobs.conf import did_you_mean
-from django_jobs.exceptions import InvalidTaskArguments
+from django_jobs.exceptions import InvalidDependency, InvalidTaskArguments
 from django_jobs.limits import MAX_ATTEMPTS, declared_seconds
 from django_jobs.tasks.backoff import BackoffSpec, Exponential, validate_backoff
 from django_jobs.tasks.rates import Rate, is_rate, parse_rate, resolve_rate
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 ConcurrencyKey = str | Callable[..., str] | None
 OnConflict = Literal["block", "discard"]
 UniqueUntil = Literal["start", "finish"]
+OnDependencyFailure = Literal["cancel", "run", "fail"]
+ON_DEPENDENCY_FAILURE_CHOICES: tuple[str, ...] = get_args(OnDependencyFailure)
 ON_CONFLICT_CHOICES: tuple[str, ...] = get_args(OnConflict)
 UNIQUE_UNTIL_CHOICES: tuple[str, ...] = get_args(UniqueUntil)
 # Jobs of one key running at once. Far above any real limit, far below the column's
@@ -60,6 +63,53 @@ else:
             return Task
 
 
+class Dependency(NamedTuple):
+    """A job another waits for: its backend's alias (None: the waiting task's own) and id."""
+
+    backend: str | None
+    job_id: int
+
+
+def as_dependencies(after: Any) -> tuple[Dependency, ...]:
+    """``after=`` as dependencies: ``TaskResult``s, a ``BatchResult`` (every item), job ids,
+    or anything with ``as_dependencies()`` (a workflow's node, once enqueued).
+
+    Anything else, or a job id that is not a positive integer, raises ``InvalidTask``
+    here, where ``using(after=...)`` is called, not in the enqueue.
+    """
+    if after is None:
+        return ()
+    if isinstance(after, (str, bytes)) or not isinstance(after, Iterable):
+        after = [after]
+    found: list[Dependency] = []
+    for item in after:
+        if isinstance(item, Dependency):
+            found.append(item)
+        elif hasattr(item, "as_dependencies"):
+            found.extend(item.as_dependencies())
+        elif hasattr(item, "results") and not hasattr(item, "task"):  # a BatchResult
+            found.extend(as_dependencies(item.results))
+        elif hasattr(item, "id") and hasattr(item, "backend") and hasattr(item, "task"):
+            found.append(Dependency(item.backend, job_id_of(item.id)))
+        elif is_int(item) or isinstance(item, str):
+            found.append(Dependency(None, job_id_of(item)))
+        else:
+            raise InvalidDependency(
+                f"after= takes task results, batch results or job ids, not {safe_repr(item, 60)}"
+            )
+    return tuple(dict.fromkeys(found))  # each once, in order
+
+
+def job_id_of(value: Any) -> int:
+    try:
+        job_id = int(value)
+    except (TypeError, ValueError):
+        job_id = 0
+    if job_id < 1 or job_id > 2**63 - 1:
+        raise InvalidDependency(f"after= names {safe_repr(value, 40)}, which is not a job id")
+    return job_id
+
+
 class JobOptions(TypedDict, total=False):
     """The options ``@task(...)`` and ``JobTask.using(...)`` take beyond Django's: the
     fields of :class:`JobTask` (a test checks that the two name the same options)."""
@@ -76,6 +126,8 @@ class JobOptions(TypedDict, total=False):
     timeout: float | timedelta | None
     rate_limit: str | None
     rate_key: ConcurrencyKey
+    on_dependency_failure: OnDependencyFailure
+    after: Iterable[Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +150,8 @@ class JobTask[**P, R](TaskBase[P, R]):
     - ``rate_limit``, ``rate_key``: at most N starts per period of one key, a rate
       (``"10/m"``) or the name of one in ``DJANGO_JOBS["rate_limits"]``
       (docs/rate_limits.md).
+    - ``after`` (per call, through ``using()``), ``on_dependency_failure``: wait for other
+      jobs to succeed first, and what to do if one fails for good (docs/workflows.md).
 
     Every option is checked when the task is declared or ``using()`` is called.
     """
@@ -114,6 +168,9 @@ class JobTask[**P, R](TaskBase[P, R]):
     timeout: float | timedelta | None = None
     rate_limit: str | None = None
     rate_key: ConcurrencyKey = None
+    on_dependency_failure: OnDependencyFailure = "cancel"
+    # Per call only (``using(after=...)``): the jobs this one waits for.
+    after: tuple[Dependency, ...] = ()
 
     def __post_init__(self) -> None:
         validate_job_options(self)
@@ -149,7 +206,13 @@ class JobTask[**P, R](TaskBase[P, R]):
                 self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
             ),
         )
-        return replace(base, **options) if options else base
+        if not options:
+            return base
+        chosen: dict[str, Any] = dict(options)
+        if "after" in chosen:
+            # Kept as what the enqueue reads: (backend, job id) pairs, checked here.
+            chosen["after"] = as_dependencies(chosen["after"])
+        return replace(base, **chosen)
 
     def resolve_concurrency_key(
         self,
@@ -352,6 +415,14 @@ def validate_job_options(task: JobTask) -> None:
             raise InvalidTask("unique_key must be a non-empty format string or a callable")
         validate_key_template(task, unique, "unique_key")
     validate_rate_options(task)
+    if task.on_dependency_failure not in ON_DEPENDENCY_FAILURE_CHOICES:
+        raise InvalidTask(
+            f"on_dependency_failure must be one of {', '.join(ON_DEPENDENCY_FAILURE_CHOICES)}"
+        )
+    if not isinstance(task.after, tuple) or not all(
+        isinstance(item, Dependency) for item in task.after
+    ):
+        raise InvalidTask("after must be given through using(after=...)")
     key = task.concurrency_key
     if key is None and (group is not None or duration is not None):
         raise InvalidTask("concurrency_group and concurrency_duration need a concurrency_key")
@@ -468,6 +539,8 @@ def task(
     from django.tasks import task_backends
 
     reject_unknown_options(options, "Unknown task option(s)")
+    if options.get("after"):
+        raise InvalidTask("after= is given per call, with .using(after=...), not with @task")
 
     def wrapper(func: Callable[..., Any]) -> Task[..., Any]:
         task_class: Callable[..., Task[..., Any]] = task_backends[backend].task_class

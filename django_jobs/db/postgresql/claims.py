@@ -10,9 +10,9 @@ with the same locks in the same order (ready rows with ``SKIP LOCKED``, then
 the jobs; for a start, this process's claimed rows, then the jobs), so the
 guarantees of ``core.ready.claim_jobs`` and ``core.starting.start_jobs`` hold unchanged.
 Queue caps (``max_concurrency``) keep the ORM path: they lock a cap row first.
-A finish is one statement for jobs with no batch (a batch's row needs the ORM
-path); with concurrency keys it runs in the transaction that then frees their
-slots (``db/postgresql/admission.py``).
+A finish is one statement for jobs with no batch and no workflow (a batch's row,
+and a workflow's dependents, need the ORM path); with concurrency keys it runs in
+the transaction that then frees their slots (``db/postgresql/admission.py``).
 """
 
 from __future__ import annotations
@@ -332,16 +332,22 @@ def finish_statement(db: str, keys: str) -> str:
         "any": "",
         "listed": "AND concurrency_key = ANY(%(keys)s) ",
     }[keys]
+    # The job's row is updated before its claim is deleted, and only if it is of no
+    # workflow: an enqueue that waits for it marks it with one under the row's lock,
+    # which this UPDATE rechecks once it holds that lock. Such a job keeps its claim
+    # here, and the caller finishes it on the path that releases its dependents.
     return (
-        f"WITH held AS (SELECT job_id FROM {claimed} WHERE process_id = %(process)s "
+        f"WITH held AS (SELECT job_id, concurrency_key FROM {claimed} "
+        f"WHERE process_id = %(process)s "
         f"AND job_id = ANY(%(ids)s) {which}AND batch_id IS NULL "
         f"ORDER BY job_id FOR UPDATE), "
-        f"gone AS (DELETE FROM {claimed} AS c USING held WHERE c.job_id = held.job_id "
-        f"RETURNING c.job_id, c.concurrency_key), "
         f"outcome AS (SELECT * FROM UNNEST(%(ids)s::bigint[], %(values)s::text[]) "
-        f"AS v(job_id, value)) "
-        f"UPDATE {job} SET status = %(succeeded)s, finished_at = %(now)s, unique_lock = NULL, "
-        f"return_value = outcome.value::jsonb "
-        f"FROM gone JOIN outcome ON outcome.job_id = gone.job_id "
-        f"WHERE {job}.id = gone.job_id RETURNING {job}.id, gone.concurrency_key"
+        f"AS v(job_id, value)), "
+        f"done AS (UPDATE {job} SET status = %(succeeded)s, finished_at = %(now)s, "
+        f"unique_lock = NULL, return_value = outcome.value::jsonb "
+        f"FROM held JOIN outcome ON outcome.job_id = held.job_id "
+        f"WHERE {job}.id = held.job_id AND {job}.workflow_id IS NULL "
+        f"RETURNING {job}.id, held.concurrency_key), "
+        f"gone AS (DELETE FROM {claimed} AS c USING done WHERE c.job_id = done.id) "
+        f"SELECT id, concurrency_key FROM done"
     )

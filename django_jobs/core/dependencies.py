@@ -1,0 +1,669 @@
+"""Dependencies between jobs: a job that waits for others, made runnable exactly once.
+
+A job with dependencies is ``AWAITING``: it has an ``AwaitingExecution`` row whose
+``remaining`` counts the dependency edges (``JobDependency``) not yet settled, and no row a
+worker could claim. An edge is *settled* when its parent's end has been applied to the
+dependent: the count moved, or the dependent ended by its policy. Each edge is settled once,
+under its own row's lock (the ``settled`` flag is read and flipped by whoever holds it), and
+the count only moves under the awaiting row's lock, in that same transaction. So of two
+parents finishing at the same instant, exactly one takes the count to zero and releases the
+child, and a parent's end is never applied twice, whoever races for it (the parent's own
+transaction, the follow-up after a policy ended a dependent, the dispatcher's sweep after a
+crash). That is the race of the workflow engine in docs/design.md section 1, whose
+successors counted "siblings left" from rows outside any lock.
+
+Where an end is applied: in the transaction that ends the parent (the finish, the failure
+for good, the cancel, the discard: each calls :func:`settle_ended` after the parent's row is
+written), one level deep. A dependent that this ends (its policy is to be cancelled) has
+dependents of its own; those are settled by a follow-up transaction right after the commit
+(:func:`propagate`), and, should the process die first, by the dispatcher's sweep
+(:func:`settle_stranded`), which finds ended jobs with unsettled edges. One level per
+transaction keeps the lock order simple.
+
+Lock order (docs/design.md section 4): the ended jobs' rows (their transitions lock them),
+then the semaphores the transition frees, then the ``JobDependency`` rows of the ended jobs
+(by parent, then id), then the ``AwaitingExecution`` rows of their dependents (ascending job
+id), then ``Workflow`` rows, then ``Batch`` rows. A released dependent with a concurrency
+key therefore cannot take its semaphore here (that would be a semaphore after an awaiting
+row): it goes in as scheduled, due now, and is admitted right after the commit
+(:func:`promote_after_commit`) or by the dispatcher, like a batch callback with a key.
+
+The enqueue side (:func:`write_graph`) locks the rows of the jobs it waits for that already
+exist, and reads their status under that lock: a parent's end and the edge to it serialise
+on the parent's row, so a parent ending as the edge is written is either seen ended (and
+counted at once) or sees the edge (and settles it). It also marks each such parent with a
+workflow: a finish reads that mark under the same lock (``Operations.lock_held_claims``;
+PostgreSQL's one-statement finish rechecks it as it updates the row) to know it has
+dependents to look for, so jobs of no workflow never pay for any of this.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, cast
+
+from django.db import transaction
+from django.tasks import Task
+from django.utils import timezone
+
+from django_jobs.core.batches import count_outcomes, current_job_id
+from django_jobs.core.ready import make_ready
+from django_jobs.exceptions import InvalidDependency
+from django_jobs.models import (
+    FINISHED_STATUSES,
+    AwaitingExecution,
+    DependencyFailure,
+    FailedExecution,
+    Job,
+    JobDependency,
+    JobStatus,
+    ScheduledExecution,
+    Workflow,
+)
+from django_jobs.tasks.job_task import Dependency
+from django_jobs.text import jobs_logger
+
+logger = jobs_logger("django_jobs.dependencies")
+
+DEPENDENCY_FAILED_ERROR = "django_jobs.exceptions.DependencyFailed"
+
+
+@dataclass
+class FollowUps:
+    """What runs once a transaction of this module's has committed, in code above it:
+    the admission of released jobs with a concurrency key (``admission``), the cancel
+    of what is left of an ended workflow (``operator``). Those modules end jobs through
+    this one, so it cannot import them; ``core/workflows.py`` installs these when the
+    app is ready. Unset, or lost with a crash, the dispatcher does the same: it promotes
+    due scheduled jobs and sweeps ended workflows (:func:`settle_stranded`)."""
+
+    promote: Callable[[str, list[int]], object] | None = None
+    cancel_rest: Callable[[str, int], object] | None = None
+
+
+follow_ups = FollowUps()
+
+
+def after_commit(db: str, call: Callable[[], object]) -> None:
+    # robust: a follow-up's error is logged and never undoes the commit before it.
+    transaction.on_commit(call, using=db, robust=True)
+
+
+FAILED_PARENT_STATUSES = (JobStatus.FAILED, JobStatus.DISCARDED)
+
+# --- the enqueue ---------------------------------------------------------------------------
+
+
+@dataclass
+class Graph:
+    """What an enqueue's calls wait for, by the index of each call.
+
+    ``after[i]``: what call ``i`` waits for, in order: the index of another call of the
+    same enqueue (always a smaller one: the calls come in an order where every call
+    follows what it waits for) or a :class:`Dependency` on a job that exists already.
+    ``policies[i]``: call ``i``'s ``on_dependency_failure`` where the builder set one
+    (else its task's). ``name``: the workflow's, when a new one is made.
+    """
+
+    after: dict[int, list[int | Dependency]] = field(default_factory=dict)
+    policies: dict[int, str] = field(default_factory=dict)
+    # The batch a call is an item of (a workflow's batch node), by index.
+    batches: dict[int, Any] = field(default_factory=dict)
+    name: str = ""
+    # True for ``workflow()``'s graph: a new workflow. False (``using(after=...)`` alone):
+    # the jobs join the workflow of the first job they wait for that has one.
+    new: bool = False
+    # Filled by the enqueue: the workflow the calls became nodes of.
+    workflow_id: int | None = None
+
+    def external(self) -> set[int]:
+        return {
+            item.job_id
+            for items in self.after.values()
+            for item in items
+            if isinstance(item, Dependency)
+        }
+
+
+def graph_of(prepared: Sequence[tuple[Job, Task]], graph: Graph | None) -> Graph | None:
+    """The graph of an enqueue: the builder's, plus each call's ``using(after=...)``.
+    None when no call waits for anything and no workflow was asked for."""
+    from django_jobs.tasks.job_task import job_options
+
+    found = graph
+    for index, (_, task) in enumerate(prepared):
+        after = job_options(task)["after"]
+        if not after:
+            continue
+        if found is None:
+            found = Graph()
+        found.after.setdefault(index, []).extend(after)
+    return found
+
+
+def check_databases(db: str, graph: Graph, backends: Mapping[str, str]) -> None:
+    """Refuse a dependency on a job of another database: no transaction can hold both."""
+    for items in graph.after.values():
+        for item in items:
+            if isinstance(item, Dependency) and item.backend is not None:
+                other = backends.get(item.backend)
+                if other is not None and other != db:
+                    raise InvalidDependency(
+                        f"after= names job {item.job_id} of backend {item.backend!r}, whose "
+                        f"database ({other!r}) is not this job's ({db!r}): a job can only "
+                        "wait for jobs in its own database"
+                    )
+
+
+@dataclass
+class ParentRow:
+    status: str
+    workflow_id: int | None
+
+
+def lock_parents(db: str, ids: Collection[int]) -> dict[int, ParentRow]:
+    """Lock the rows of the existing jobs ``ids`` (ascending) and read their state under
+    the lock; refuse an id of no job."""
+    if not ids:
+        return {}
+    rows = (
+        Job.objects.using(db)
+        .select_for_update()
+        .filter(pk__in=sorted(ids))
+        .order_by("pk")
+        .values_list("pk", "status", "workflow_id")
+    )
+    found = {pk: ParentRow(status, workflow_id) for pk, status, workflow_id in rows}
+    missing = sorted(set(ids) - set(found))
+    if missing:
+        raise InvalidDependency(
+            f"after= names job {missing[0]}, which does not exist (pruned, or never enqueued)"
+        )
+    return found
+
+
+def mark_parents(db: str, parents: Mapping[int, ParentRow], workflow_id: int) -> None:
+    """Give a workflow to the locked parents that have none and have not ended: the mark
+    a finish reads to know the job has dependents."""
+    unmarked = [
+        pk
+        for pk, row in parents.items()
+        if row.workflow_id is None and row.status not in FINISHED_STATUSES
+    ]
+    if unmarked:
+        Job.objects.using(db).filter(pk__in=unmarked, workflow__isnull=True).update(
+            workflow_id=workflow_id
+        )
+        for pk in unmarked:
+            parents[pk].workflow_id = workflow_id
+
+
+def new_workflow(db: str, graph: Graph, parents: Mapping[int, ParentRow]) -> int:
+    """The workflow the calls join: the builder's new one, else the first parent's that
+    has one, else a new one (``using(after=...)`` on jobs of no workflow)."""
+    if not graph.new:
+        for pk in sorted(parents):
+            if parents[pk].workflow_id is not None:
+                return cast(int, parents[pk].workflow_id)
+    workflow = Workflow.objects.using(db).create(
+        name=graph.name[:255], parent_job_id=current_job_id.get()
+    )
+    return workflow.pk
+
+
+def write_graph(
+    db: str,
+    prepared: Sequence[tuple[Job, Task]],
+    graph: Graph,
+    insert_unique: Any,
+    unique_order: Iterable[int],
+) -> dict[int, Job]:
+    """Write the jobs of one enqueue that has dependencies, inside the caller's transaction.
+
+    Every job becomes a node of one workflow. A job whose dependencies have all
+    succeeded already (or has none) is made runnable as any enqueue would, except that
+    one with a concurrency key goes in scheduled, due now (no semaphore after the
+    parents' rows, see the module's lock order) and is admitted after the commit. A job
+    whose dependency has failed for good meets its policy at once. The others wait,
+    ``AWAITING``. Returns the holders of unique keys already taken, by call index: such
+    a call's node is the holder, and what waits for it waits for the holder.
+    """
+    jobs = [job for job, _ in prepared]
+    parents = lock_parents(db, graph.external())
+    workflow_id = new_workflow(db, graph, parents)
+    graph.workflow_id = workflow_id
+    mark_parents(db, parents, workflow_id)
+    waits = {index for index, items in graph.after.items() if items}
+    for index, (job, task) in enumerate(prepared):
+        job.workflow_id = workflow_id
+        if index in waits:
+            job.status = JobStatus.AWAITING
+            job.on_dependency_failure = graph.policies.get(index) or getattr(
+                task, "on_dependency_failure", DependencyFailure.CANCEL
+            )
+    plain = [job for job in jobs if job.unique_lock is None]
+    Job.objects.using(db).bulk_create(plain, batch_size=1000)
+    if any(job.pk is None for job in plain):
+        for job in plain:  # MySQL (unlike MariaDB) returns no ids from a bulk insert
+            job.save(using=db, force_insert=True)
+    holders: dict[int, Job] = {}
+    for index in unique_order:
+        holder = insert_unique(db, jobs[index])
+        if holder is not None:
+            holders[index] = holder
+    waited_for = {item for items in graph.after.values() for item in items if isinstance(item, int)}
+    held = lock_parents(db, {holders[i].pk for i in waited_for if i in holders})
+    mark_parents(db, held, workflow_id)
+    node = {
+        index: (holders[index].pk if index in holders else job.pk) for index, job in enumerate(jobs)
+    }
+    state: dict[int, str] = {}  # a node's state as its dependents see it
+    for index in range(len(jobs)):
+        if index in holders:
+            state[index] = held[holders[index].pk].status if index in waited_for else "pending"
+        else:
+            state[index] = "pending"
+    edges: list[JobDependency] = []
+    awaiting: list[AwaitingExecution] = []
+    ended: dict[int, str] = {}  # job id -> the dependency whose failure ended it
+    runnable: list[Job] = []
+    failing_workflow = False
+    for index, job in enumerate(jobs):
+        if index in holders:
+            continue
+        if index not in waits:
+            runnable.append(job)
+            continue
+        remaining = 0
+        failed: list[int] = []
+        linked: set[int] = set()
+        for position, item in enumerate(graph.after[index]):
+            if isinstance(item, Dependency):
+                parent, status = item.job_id, parents[item.job_id].status
+            else:
+                parent, status = node[item], state[item]
+            if parent in linked:
+                continue  # two nodes that are one job (a unique key's holder): one edge
+            linked.add(parent)
+            settled = status != "pending" and status not in unfinished_statuses()
+            if settled and status in FAILED_PARENT_STATUSES:
+                failed.append(parent)
+            elif not settled:
+                remaining += 1
+            edges.append(
+                JobDependency(
+                    job_id=job.pk, depends_on_id=parent, position=position, settled=settled
+                )
+            )
+        policy = job.on_dependency_failure
+        if failed and policy != DependencyFailure.RUN:
+            ended[job.pk] = f"dependency #{failed[0]} failed"
+            state[index] = JobStatus.FAILED
+            failing_workflow |= policy == DependencyFailure.FAIL
+        elif remaining:
+            awaiting.append(
+                AwaitingExecution(
+                    job_id=job.pk,
+                    queue_name=job.queue_name,
+                    priority=job.priority,
+                    remaining=remaining,
+                )
+            )
+        else:
+            runnable.append(job)
+    JobDependency.objects.using(db).bulk_create(edges, batch_size=1000)
+    AwaitingExecution.objects.using(db).bulk_create(awaiting, batch_size=1000)
+    release(db, runnable)
+    if ended:
+        by_id = {job.pk: job for job in jobs}
+        end_dependents(db, [by_id[pk] for pk in ended], ended)
+        if failing_workflow:
+            end_workflows(db, [workflow_id], Workflow.Ending.FAILED)
+        count_outcomes(db, batch_failures(by_id[pk] for pk in ended))
+    return holders
+
+
+def unfinished_statuses() -> tuple[str, ...]:
+    return tuple(status for status in JobStatus.values if status not in FINISHED_STATUSES)
+
+
+# --- making a job runnable -----------------------------------------------------------------
+
+
+def release(db: str, jobs: list[Job]) -> None:
+    """Make saved jobs with no execution row runnable, inside the caller's transaction,
+    taking no semaphore: due later, scheduled; with a concurrency key, scheduled due
+    now and admitted after the commit (:func:`promote_after_commit`); else ready."""
+    if not jobs:
+        return
+    now = timezone.now()
+    scheduled: list[tuple[Job, datetime]] = []
+    keyed: list[Job] = []
+    ready: list[Job] = []
+    for job in jobs:
+        if job.run_after is not None and job.run_after > now:
+            scheduled.append((job, job.run_after))
+        elif job.concurrency_key:
+            scheduled.append((job, now))
+            keyed.append(job)
+        else:
+            ready.append(job)
+    if scheduled:
+        ScheduledExecution.objects.using(db).bulk_create(
+            [
+                ScheduledExecution(
+                    job_id=job.pk, queue_name=job.queue_name, priority=job.priority, scheduled_at=at
+                )
+                for job, at in scheduled
+            ],
+            batch_size=1000,
+        )
+        ids = [job.pk for job, _ in scheduled]
+        Job.objects.using(db).filter(pk__in=ids).update(status=JobStatus.SCHEDULED)
+        for job, _ in scheduled:
+            job.status = JobStatus.SCHEDULED
+    if keyed:
+        promote_after_commit(db, [job.pk for job in keyed])
+    if ready:
+        make_ready(db, ready)
+
+
+def promote_after_commit(db: str, job_ids: list[int]) -> None:
+    """Admit these scheduled-due-now jobs through their keys once the caller commits, in
+    a transaction of their own; the dispatcher does it if this process dies first."""
+    promote = follow_ups.promote
+    if promote is not None:
+        after_commit(db, lambda: promote(db, job_ids))
+
+
+# --- the end of a parent ------------------------------------------------------------------
+
+
+def settle_ended(db: str, ended: Mapping[int, bool]) -> dict[int, tuple[int, int]]:
+    """Apply the end of ``ended`` (``{job id: succeeded}``) to the jobs waiting for them,
+    inside the transaction that ended them, after their rows were written and after
+    every semaphore it takes.
+
+    Returns the batch outcomes of the dependents it ended, for the caller to count
+    with its own (batch rows come last). The dependents of those are settled after
+    the commit (:func:`propagate`).
+    """
+    if not ended:
+        return {}
+    outcome = settle_level(db, ended)
+    if outcome.ended:
+        ids = sorted(outcome.ended)
+        after_commit(db, lambda: propagate(db, ids))
+    return outcome.batches
+
+
+@dataclass
+class Settled:
+    batches: dict[int, tuple[int, int]] = field(default_factory=dict)
+    ended: set[int] = field(default_factory=set)
+
+
+def settle_level(db: str, ended: Mapping[int, bool]) -> Settled:
+    """:func:`settle_ended` without the follow-up: one level, returning what it ended."""
+    result = Settled()
+    edges = list(
+        JobDependency.objects.using(db)
+        .select_for_update()
+        .filter(depends_on_id__in=sorted(ended), settled=False)
+        .order_by("depends_on_id", "id")
+        .values_list("id", "job_id", "depends_on_id")
+    )
+    if not edges:
+        return result
+    JobDependency.objects.using(db).filter(pk__in=[edge[0] for edge in edges]).update(settled=True)
+    parents_of: dict[int, list[int]] = defaultdict(list)
+    for _, dependent, parent in edges:
+        parents_of[dependent].append(parent)
+    rows = {
+        row.job_id: row
+        for row in AwaitingExecution.objects.using(db)
+        .select_for_update()
+        .filter(job_id__in=sorted(parents_of))
+        .order_by("job_id")
+    }
+    if not rows:
+        return result  # every dependent had ended already (cancelled, say)
+    jobs = {job.pk: job for job in Job.objects.using(db).filter(pk__in=list(rows))}
+    stopped = set(
+        Workflow.objects.using(db)
+        .filter(pk__in={job.workflow_id for job in jobs.values()}, ended_as__isnull=False)
+        .values_list("pk", flat=True)
+    )
+    why: dict[int, str] = {}
+    runnable: list[Job] = []
+    counts: dict[int, list[int]] = defaultdict(list)
+    failing: set[int] = set()
+    for pk in sorted(rows):
+        job, row = jobs[pk], rows[pk]
+        failed = [parent for parent in parents_of[pk] if not ended[parent]]
+        row.remaining = max(0, row.remaining - len(parents_of[pk]))
+        policy = job.on_dependency_failure or DependencyFailure.CANCEL
+        if job.workflow_id in stopped:
+            why[pk] = "its workflow has ended"
+        elif failed and policy != DependencyFailure.RUN:
+            why[pk] = f"dependency #{failed[0]} failed"
+            if policy == DependencyFailure.FAIL and job.workflow_id is not None:
+                failing.add(job.workflow_id)
+        elif row.remaining == 0:
+            runnable.append(job)
+        else:
+            counts[row.remaining].append(pk)
+    for remaining, pks in counts.items():
+        AwaitingExecution.objects.using(db).filter(job_id__in=pks).update(remaining=remaining)
+    gone = [*why, *(job.pk for job in runnable)]
+    if gone:
+        AwaitingExecution.objects.using(db).filter(job_id__in=gone).delete()
+    release(db, runnable)
+    if why:
+        end_dependents(db, [jobs[pk] for pk in why], why)
+        result.ended = set(why)
+        result.batches = batch_failures(jobs[pk] for pk in why)
+    if failing:
+        end_workflows(db, sorted(failing), Workflow.Ending.FAILED)
+    return result
+
+
+def end_dependents(db: str, jobs: list[Job], why: Mapping[int, str]) -> None:
+    """End jobs that never ran because of their dependencies: ``FAILED``, one
+    ``DependencyFailed`` error, no attempt, no cancel request (so a retry of the failed
+    dependency can bring them back)."""
+    now = timezone.now()
+    FailedExecution.objects.using(db).bulk_create(
+        [
+            FailedExecution(
+                job_id=job.pk,
+                attempt=job.attempts,
+                exception_class_path=DEPENDENCY_FAILED_ERROR,
+                message=why[job.pk],
+                failed_at=now,
+            )
+            for job in jobs
+        ]
+    )
+    Job.objects.using(db).filter(pk__in=[job.pk for job in jobs]).update(
+        status=JobStatus.FAILED, finished_at=now, unique_lock=None
+    )
+    for job in jobs:
+        job.status, job.finished_at = JobStatus.FAILED, now
+
+
+def batch_failures(jobs: Iterable[Job]) -> dict[int, tuple[int, int]]:
+    per_batch: dict[int, int] = defaultdict(int)
+    for job in jobs:
+        if job.batch_id is not None:
+            per_batch[job.batch_id] += 1
+    return {batch_id: (0, n) for batch_id, n in per_batch.items()}
+
+
+def merge_outcomes(*outcomes: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    merged: dict[int, tuple[int, int]] = {}
+    for each in outcomes:
+        for batch_id, (succeeded, failed) in each.items():
+            before = merged.get(batch_id, (0, 0))
+            merged[batch_id] = (before[0] + succeeded, before[1] + failed)
+    return merged
+
+
+def end_workflows(db: str, workflow_ids: Sequence[int], ending: str) -> None:
+    """Mark workflows ended (their rows come after every awaiting row), and cancel what
+    is left of them once this commits (:func:`cancel_rest`)."""
+    changed = list(
+        Workflow.objects.using(db)
+        .select_for_update()
+        .filter(pk__in=sorted(workflow_ids), ended_as__isnull=True)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    if not changed:
+        return
+    Workflow.objects.using(db).filter(pk__in=changed).update(
+        ended_as=ending, ended_at=timezone.now()
+    )
+    cancel_rest = follow_ups.cancel_rest
+    if cancel_rest is not None:
+        for workflow_id in changed:
+            after_commit(db, functools.partial(cancel_rest, db, workflow_id))
+
+
+# --- follow-ups and the sweep --------------------------------------------------------------
+
+
+def propagate(db: str, ended: Iterable[int]) -> None:
+    """Settle the dependents of jobs that ended by their policy, a level per transaction,
+    until nothing more ends."""
+    pending = sorted(set(ended))
+    while pending:
+        with transaction.atomic(using=db):
+            succeeded = set(
+                Job.objects.using(db)
+                .filter(pk__in=pending, status=JobStatus.SUCCEEDED)
+                .values_list("pk", flat=True)
+            )
+            outcome = settle_level(db, {pk: pk in succeeded for pk in pending})
+            count_outcomes(db, outcome.batches)
+        pending = sorted(outcome.ended)
+
+
+def settle_stranded(db: str, limit: int = 1000) -> int:
+    """The dispatcher's repair: apply the end of ended jobs whose edges are not settled
+    (their follow-up was lost with a process). Returns how many ended jobs it settled."""
+    parents = list(
+        JobDependency.objects.using(db)
+        .filter(settled=False, depends_on__status__in=FINISHED_STATUSES)
+        .order_by("depends_on_id")
+        .values_list("depends_on_id", flat=True)
+        .distinct()[:limit]
+    )
+    if parents:
+        propagate(db, parents)
+    return len(parents)
+
+
+# --- an operator's retry ---------------------------------------------------------------------
+
+
+def unmet_dependencies(db: str, job_id: int) -> tuple[list[int], list[int]]:
+    """The dependencies of ``job_id`` that have not succeeded: (failed for good, not ended)."""
+    rows = (
+        JobDependency.objects.using(db)
+        .filter(job_id=job_id)
+        .exclude(depends_on__status=JobStatus.SUCCEEDED)
+        .values_list("depends_on_id", "depends_on__status")
+    )
+    failed = [pk for pk, status in rows if status in FAILED_PARENT_STATUSES]
+    waiting = [pk for pk, status in rows if status not in FAILED_PARENT_STATUSES]
+    return failed, waiting
+
+
+def wait_again(db: str, job: Job, parents: list[int]) -> None:
+    """Put a retried job back to wait for ``parents`` (not ended yet): their edges become
+    unsettled again and the count is theirs. The caller holds the job's lock."""
+    JobDependency.objects.using(db).filter(job_id=job.pk, depends_on_id__in=parents).update(
+        settled=False
+    )
+    AwaitingExecution.objects.using(db).create(
+        job_id=job.pk, queue_name=job.queue_name, priority=job.priority, remaining=len(parents)
+    )
+    Job.objects.using(db).filter(pk=job.pk).update(status=JobStatus.AWAITING, finished_at=None)
+    job.status = JobStatus.AWAITING
+
+
+def revive_dependents(db: str, job_id: int) -> list[int]:
+    """An operator retries failed job ``job_id`` (its row locked by the caller, before any
+    semaphore): the jobs its failure ended (``DependencyFailed``) wait again, and in turn
+    the ones theirs ended, unless another of their dependencies failed for good or
+    their workflow has ended. Returns the ids brought back, for their batches."""
+    revived: list[int] = []
+    reopened = {job_id}
+    frontier = [job_id]
+    heapq.heapify(frontier)
+    seen: set[int] = set()
+    while frontier:
+        parent = heapq.heappop(frontier)
+        candidates = sorted(
+            JobDependency.objects.using(db)
+            .filter(depends_on_id=parent)
+            .values_list("job_id", flat=True)
+        )
+        for pk in candidates:
+            if pk in seen:
+                continue
+            seen.add(pk)
+            job = (
+                Job.objects.using(db)
+                .select_for_update()
+                .filter(pk=pk, status=JobStatus.FAILED)
+                .first()
+            )
+            if job is None or not ended_by_dependency(db, pk):
+                continue
+            if (
+                job.workflow_id is not None
+                and Workflow.objects.using(db)
+                .filter(pk=job.workflow_id, ended_as__isnull=False)
+                .exists()
+            ):
+                continue
+            failed, waiting = unmet_dependencies(db, pk)
+            if any(other not in reopened for other in failed):
+                continue
+            wait_again(db, job, sorted({*waiting, *(f for f in failed if f in reopened)}))
+            reopened.add(pk)
+            revived.append(pk)
+            heapq.heappush(frontier, pk)
+    return revived
+
+
+def ended_by_dependency(db: str, job_id: int) -> bool:
+    """Whether a failed job's last error is a ``DependencyFailed``: it never ran."""
+    last = (
+        FailedExecution.objects.using(db)
+        .filter(job_id=job_id)
+        .order_by("-failed_at", "-pk")
+        .values_list("exception_class_path", flat=True)
+        .first()
+    )
+    return last == DEPENDENCY_FAILED_ERROR
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def dependency_ids(db: str, job_id: int) -> list[int]:
+    """The jobs ``job_id`` waits (or waited) for, in its ``after`` order."""
+    return list(
+        JobDependency.objects.using(db)
+        .filter(job_id=job_id)
+        .order_by("position", "pk")
+        .values_list("depends_on_id", flat=True)
+    )
