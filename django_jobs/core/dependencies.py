@@ -273,11 +273,18 @@ def write_graph(
     ended: dict[int, str] = {}  # job id -> the dependency whose failure ended it
     runnable: list[Job] = []
     failing_workflow = False
+    # Joining a workflow that has ended (using(after=...) on one of its jobs): the job
+    # ends at once, as its jobs that were waiting did.
+    closed = not graph.new and bool(ended_workflows(db, [workflow_id]))
     for index, job in enumerate(jobs):
         if index in holders:
             continue
         if index not in waits:
-            runnable.append(job)
+            if closed:
+                ended[job.pk] = "its workflow has ended"
+                state[index] = JobStatus.FAILED
+            else:
+                runnable.append(job)
             continue
         remaining = 0
         failed: list[int] = []
@@ -301,7 +308,10 @@ def write_graph(
                 )
             )
         policy = job.on_dependency_failure
-        if failed and policy != DependencyFailure.RUN:
+        if closed:
+            ended[job.pk] = "its workflow has ended"
+            state[index] = JobStatus.FAILED
+        elif failed and policy != DependencyFailure.RUN:
             ended[job.pk] = f"dependency #{failed[0]} failed"
             state[index] = JobStatus.FAILED
             failing_workflow |= policy == DependencyFailure.FAIL
@@ -424,21 +434,11 @@ def settle_level(db: str, ended: Mapping[int, bool]) -> Settled:
     parents_of: dict[int, list[int]] = defaultdict(list)
     for _, dependent, parent in edges:
         parents_of[dependent].append(parent)
-    rows = {
-        row.job_id: row
-        for row in AwaitingExecution.objects.using(db)
-        .select_for_update()
-        .filter(job_id__in=sorted(parents_of))
-        .order_by("job_id")
-    }
+    rows = lock_awaiting(db, parents_of)
     if not rows:
         return result  # every dependent had ended already (cancelled, say)
     jobs = {job.pk: job for job in Job.objects.using(db).filter(pk__in=list(rows))}
-    stopped = set(
-        Workflow.objects.using(db)
-        .filter(pk__in={job.workflow_id for job in jobs.values()}, ended_as__isnull=False)
-        .values_list("pk", flat=True)
-    )
+    stopped = ended_workflows(db, {job.workflow_id for job in jobs.values() if job.workflow_id})
     why: dict[int, str] = {}
     runnable: list[Job] = []
     counts: dict[int, list[int]] = defaultdict(list)
@@ -471,6 +471,36 @@ def settle_level(db: str, ended: Mapping[int, bool]) -> Settled:
     if failing:
         end_workflows(db, sorted(failing), Workflow.Ending.FAILED)
     return result
+
+
+def lock_awaiting(db: str, job_ids: Iterable[int]) -> dict[int, AwaitingExecution]:
+    """Lock the awaiting rows of ``job_ids`` (ascending): their counts move only under it."""
+    return {
+        row.job_id: row
+        for row in AwaitingExecution.objects.using(db)
+        .select_for_update()
+        .filter(job_id__in=sorted(job_ids))
+        .order_by("job_id")
+    }
+
+
+def ended_workflows(db: str, workflow_ids: Iterable[int]) -> set[int]:
+    """Those of ``workflow_ids`` that have ended (cancelled, or failed by a policy).
+
+    Read without a lock: a cancel marks the row first and then cancels every job of the
+    workflow that has not ended, each through ``cancel_job``, whose first write to the
+    job's row waits for a release of it still in flight here. So a release that read
+    the row just before the mark is undone by the cancel, and one after it releases
+    nothing; locking the row would serialise every finish of a workflow for no more.
+    """
+    ids = sorted(workflow_ids)
+    if not ids:
+        return set()
+    return set(
+        Workflow.objects.using(db)
+        .filter(pk__in=ids, ended_as__isnull=False)
+        .values_list("pk", flat=True)
+    )
 
 
 def end_dependents(db: str, jobs: list[Job], why: Mapping[int, str]) -> None:

@@ -1,0 +1,209 @@
+"""Workflow races, forced with two real connections (the method of ``test_races``): each
+test holds one transaction at the point the race is about, runs the other meanwhile, and
+checks the outcome; its ``unprotected`` twin removes the one lock that decides, and shows
+the bug that lock prevents.
+
+PostgreSQL and MariaDB only: SQLite serialises whole write transactions.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection  # noqa: F401  (skipif reads it)
+
+from django_jobs import workflow
+from django_jobs.core import claimed, dependencies, workflows
+from django_jobs.core.claimed import fail_job, finish_job
+from django_jobs.core.operator import cancel_job
+from django_jobs.core.processes import register_process
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.rows import ErrorInfo
+from django_jobs.core.workflows import cancel_workflow
+from django_jobs.exceptions import JobAlreadyFinished
+from django_jobs.models import (
+    FINISHED_STATUSES,
+    AwaitingExecution,
+    Job,
+    JobStatus,
+    ReadyExecution,
+    Workflow,
+)
+from tests import workflow_tasks as wt
+from tests.test_races import ALL, DB, Paused, Runner, wait_for
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        "connection.vendor == 'sqlite'", reason="SQLite serialises writers: no row locks to race"
+    ),
+]
+
+BOOM = ErrorInfo("builtins.ValueError", "boom", "ValueError: boom")
+
+
+@pytest.fixture
+def worker():
+    return register_process(DB, "worker")
+
+
+def unlocked_awaiting(db, job_ids):
+    """The twin of ``lock_awaiting``: the counts read with no lock (a stale read)."""
+    return {
+        row.job_id: row
+        for row in AwaitingExecution.objects.using(db).filter(job_id__in=sorted(job_ids))
+    }
+
+
+def unprotect_counts(monkeypatch):
+    monkeypatch.setattr(dependencies, "lock_awaiting", unlocked_awaiting)
+
+
+def claimed_parents(worker, count: int):
+    jobs = claim_jobs(DB, worker.pk, ALL, count, worker_id=worker.name)
+    assert len(jobs) == count and all(job.status == JobStatus.RUNNING for job in jobs)
+    return sorted(jobs, key=lambda job: job.pk)
+
+
+def two_parents_of_one_child(policy: str = "cancel") -> int:
+    with workflow() as wf:
+        a = wf.add(wt.step, "a")
+        b = wf.add(wt.step, "b")
+        m = wf.add(wt.merge, after=[a, b], on_dependency_failure=policy)
+    assert AwaitingExecution.objects.get(job_id=int(m.id)).remaining == 2
+    return int(m.id)
+
+
+def end_both_at_once(monkeypatch, worker, *, first_fails: bool) -> None:
+    first, second = claimed_parents(worker, 2)
+    paused = Paused(monkeypatch, claimed, "settle_ended")
+    if first_fails:
+        one = Runner(lambda: fail_job(DB, first.pk, worker.pk, BOOM), paused)
+    else:
+        one = Runner(lambda: finish_job(DB, first.pk, worker.pk, "a"), paused)
+    one.start()
+    assert paused.reached.wait(10)  # the first parent settled its edge, not committed
+    other = Runner(lambda: finish_job(DB, second.pk, worker.pk, "b"))
+    other.start()
+    wait_for(other.blocked_or_done, "the second parent's finish to block or end")
+    paused.resume.set()
+    assert one.finish() not in (None, False)
+    assert other.finish() is True
+
+
+# --- two parents of one child finishing at the same instant --------------------------
+
+
+def test_two_parents_finishing_at_once_release_their_child_exactly_once(monkeypatch, worker):
+    """The with_items fan-in of docs/design.md section 1. Protection: the child's awaiting
+    row, locked (``lock_awaiting``) by each parent's settle in its own finish."""
+    child = two_parents_of_one_child()
+    end_both_at_once(monkeypatch, worker, first_fails=False)
+    assert Job.objects.get(pk=child).status == JobStatus.READY
+    assert ReadyExecution.objects.filter(job_id=child).count() == 1
+    assert not AwaitingExecution.objects.filter(job_id=child).exists()
+
+
+def test_unprotected_two_parents_finishing_at_once_strand_their_child(monkeypatch, worker):
+    unprotect_counts(monkeypatch)
+    child = two_parents_of_one_child()
+    end_both_at_once(monkeypatch, worker, first_fails=False)
+    # Both parents succeeded; each wrote "1 left" from a count read before the other's.
+    assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 2
+    assert Job.objects.get(pk=child).status == JobStatus.AWAITING
+    assert AwaitingExecution.objects.get(job_id=child).remaining == 1
+
+
+# --- a parent failing while another succeeds ----------------------------------------------
+
+
+def test_a_parent_failing_while_another_succeeds_ends_the_child_once(monkeypatch, worker):
+    """Protection: the same lock. The failure (policy "cancel") ends the child; the success
+    finds its awaiting row gone and changes nothing."""
+    child = two_parents_of_one_child("cancel")
+    end_both_at_once(monkeypatch, worker, first_fails=True)
+    job = Job.objects.get(pk=child)
+    assert job.status == JobStatus.FAILED and job.attempts == 0
+    assert list(job.failures.values_list("exception_class_path", flat=True)) == [
+        dependencies.DEPENDENCY_FAILED_ERROR
+    ]
+    assert not ReadyExecution.objects.filter(job_id=child).exists()
+
+
+def test_with_run_anyway_the_child_is_released_once_after_both_end(monkeypatch, worker):
+    child = two_parents_of_one_child("run")
+    end_both_at_once(monkeypatch, worker, first_fails=True)
+    assert Job.objects.get(pk=child).status == JobStatus.READY
+    assert ReadyExecution.objects.filter(job_id=child).count() == 1
+
+
+def test_unprotected_run_anyway_child_is_stranded(monkeypatch, worker):
+    unprotect_counts(monkeypatch)
+    child = two_parents_of_one_child("run")
+    end_both_at_once(monkeypatch, worker, first_fails=True)
+    assert Job.objects.get(pk=child).status == JobStatus.AWAITING
+
+
+# --- a parent finishing while its child's workflow is cancelled ---------------------------
+
+
+def race_finish_against_cancel(monkeypatch, worker) -> tuple[int, int]:
+    """a's finish pauses after it released b (not committed); the workflow is cancelled
+    meanwhile; then a commits."""
+    with workflow() as wf:
+        a = wf.add(wt.step, "a")
+        b = wf.add(wt.step, "b", after=[a])
+    (parent,) = claimed_parents(worker, 1)
+    assert parent.pk == int(a.id)
+    paused = Paused(monkeypatch, claimed, "settle_ended")
+    finishing = Runner(lambda: finish_job(DB, parent.pk, worker.pk, "a"), paused)
+    finishing.start()
+    assert paused.reached.wait(10)
+    cancelling = Runner(lambda: cancel_workflow(wf.result))
+    cancelling.start()
+    wait_for(cancelling.blocked_or_done, "the cancel to block or end")
+    paused.resume.set()
+    assert finishing.finish() is True
+    cancelling.finish()
+    return wf.result.id, int(b.id)
+
+
+def test_a_parent_finishing_while_the_workflow_is_cancelled_leaves_nothing_to_run(
+    monkeypatch, worker
+):
+    """Protection: the cancel ends each job it listed through ``cancel_job``, whose first
+    write to the job's row waits for the release still in flight, and then acts on the
+    state that release committed (b ready: its ready row deleted, b ended)."""
+    workflow_id, child = race_finish_against_cancel(monkeypatch, worker)
+    assert Workflow.objects.get(pk=workflow_id).ended_as == "cancelled"
+    job = Job.objects.get(pk=child)
+    assert job.status == JobStatus.FAILED and job.attempts == 0
+    assert not ReadyExecution.objects.exists()
+
+
+def test_unprotected_a_cancel_acting_on_a_stale_listing_leaves_a_job_to_run(monkeypatch, worker):
+    def stale_cancel_rest(db, workflow_id):
+        listed = list(
+            Job.objects.using(db)
+            .filter(workflow_id=workflow_id)
+            .exclude(status__in=FINISHED_STATUSES)
+            .order_by("pk")
+            .values_list("pk", "status")
+        )
+        for job_id, status in listed:
+            if status == JobStatus.AWAITING:  # ended by its awaiting row, as listed
+                if AwaitingExecution.objects.using(db).filter(job_id=job_id).delete()[0]:
+                    Job.objects.using(db).filter(pk=job_id).update(status=JobStatus.FAILED)
+                continue
+            try:
+                cancel_job(db, job_id)
+            except JobAlreadyFinished:
+                continue
+        return len(listed)
+
+    monkeypatch.setattr(workflows, "cancel_rest", stale_cancel_rest)
+    workflow_id, child = race_finish_against_cancel(monkeypatch, worker)
+    assert Workflow.objects.get(pk=workflow_id).ended_as == "cancelled"
+    # b was listed awaiting; its awaiting row was gone by the time the cancel got it
+    # (the release had it locked), and b, released, is ready to run in a cancelled workflow.
+    assert Job.objects.get(pk=child).status == JobStatus.READY
+    assert ReadyExecution.objects.filter(job_id=child).exists()
