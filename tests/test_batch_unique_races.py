@@ -198,7 +198,7 @@ def test_unprotected_counting_a_discard_per_key_deadlocks(monkeypatch, worker):
     original = admission.admit_to_key
 
     def count_per_key(db, key, jobs):
-        admission.count_failed(db, original(db, key, jobs))
+        batches.count_failed(db, original(db, key, jobs))
         return []
 
     monkeypatch.setattr(admission, "admit_to_key", count_per_key)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import models, transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from django_jobs.core.admission import reconcile_key
@@ -24,7 +25,9 @@ from django_jobs.models import (
     BlockedExecution,
     FailedExecution,
     Job,
+    JobDependency,
     RateLimit,
+    Workflow,
 )
 
 # Jobs per transaction when pruning: each transaction locks at most this many rows of the
@@ -84,6 +87,7 @@ class PruneCounts:
     jobs: Counter[str] = field(default_factory=Counter)  # by status
     failures: int = 0
     batches: int = 0
+    workflows: int = 0
 
     @property
     def total_jobs(self) -> int:
@@ -137,7 +141,31 @@ def prune_finished_jobs(
             return counts
     if batches:
         prune_batches(db, cutoff, batch_size, counts, on_batch)
+        prune_workflows(db, cutoff, batch_size, counts)
     return counts
+
+
+def prune_workflows(db: str, cutoff: datetime, batch_size: int, counts: PruneCounts) -> None:
+    """Delete workflows made before ``cutoff`` that have no job left (all pruned).
+
+    A workflow's state is its jobs' (``core/workflows.py``): with none left there is
+    nothing to show, and a job that joins it later (``using(after=...)``) needs a job of
+    it to wait for, which would have kept it.
+    """
+    while True:
+        ids = list(
+            Workflow.objects.using(db)
+            .filter(created_at__lt=cutoff)
+            .exclude(Exists(Job.objects.using(db).filter(workflow_id=OuterRef("pk"))))
+            .order_by("pk")
+            .values_list("pk", flat=True)[:batch_size]
+        )
+        if not ids:
+            return
+        with transaction.atomic(using=db):
+            counts.workflows += ops(db).delete_by_pk(db, Workflow, ids)
+        if len(ids) < batch_size:
+            return
 
 
 def prune_round(
@@ -155,6 +183,11 @@ def prune_round(
         if not ids:
             return []
         counts.failures += ops(db).delete_executions(db, FailedExecution, ids)
+        # Their dependency edges, both ways: what a pruned job waited for, and what
+        # waited for it (ended long ago, so settled: the dispatcher's sweep sees to it).
+        JobDependency.objects.using(db).filter(
+            Q(job_id__in=ids) | Q(depends_on_id__in=ids)
+        ).delete()
         ops(db).delete_by_pk(db, Job, ids)
     counts.jobs.update(status for _, status in rows)
     return ids

@@ -12,6 +12,7 @@ from django_jobs.core.maintenance import (
 )
 from django_jobs.core.processes import prune_dead_processes
 from django_jobs.core.scheduling import promote_due_jobs
+from django_jobs.core.workflows import sweep_workflows
 from django_jobs.runtime.lifecycle import Lifecycle, loop_until_stopped
 from django_jobs.text import jobs_logger
 
@@ -94,3 +95,8 @@ class Dispatcher:
             if self.conf.clear_finished_jobs_after is not None:
                 clear_finished_jobs(self.db, self.conf.clear_finished_jobs_after)
             prune_rate_limits(self.db)
+            # What a lost follow-up left: ended jobs whose dependents were not told, and
+            # workflows ended with jobs still to cancel (core/dependencies.py).
+            repaired = sweep_workflows(self.db)
+            if repaired:
+                logger.warning("maintenance settled %d workflow step(s) left by a crash", repaired)
