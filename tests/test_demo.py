@@ -150,6 +150,25 @@ def check_run(output: str, jobs: dict, new_ids: set[int], db_path: Path) -> None
     assert len(jobs_named("rebuild_index")) == 1
     assert len(jobs_named("import_done")) == 1
     assert len(re.findall(r"batch \d+ done: 4 imported, 0 failed", output)) == 1
+    # The workflow: the fan-in started only after both quotes had finished, once, and read
+    # what they returned.
+    quotes = jobs_named("fetch_quote")
+    (cheapest,) = jobs_named("pick_cheapest")
+    assert [jobs[i][1:3] for i in [*quotes, cheapest]] == [("succeeded", 1)] * 3
+    finished_quotes = [
+        next(i for i, line in enumerate(lines) if f"finished {quote}" in norm(line))
+        for quote in quotes
+    ]
+    started_cheapest = next(
+        i for i, line in enumerate(lines) if f"started {cheapest}" in norm(line)
+    )
+    assert max(finished_quotes) < started_cheapest
+    assert len(re.findall(r"cheapest of 2 quotes: south at 11\.00", output)) == 1
+    assert re.search(
+        rf"workflow #{cheapest} started [\d.]+ s after the last quote: "
+        r"'south at 11\.00, of 2 quotes'; workflow #\d+ succeeded",
+        flat(output),
+    )
     # Job control: the export reported its progress to the end; the slow sync timed out;
     # the endless import was cancelled while it ran, and stopped by itself.
     text = flat(output)

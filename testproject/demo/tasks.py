@@ -12,7 +12,7 @@ import time
 
 from django.tasks import TaskContext, task
 
-from django_jobs import cancel_requested, set_progress
+from django_jobs import cancel_requested, dependency_results, set_progress
 from django_jobs import task as jobs_task
 
 logger = logging.getLogger("testproject.demo")
@@ -85,6 +85,29 @@ def import_done(batch_id: int, succeeded: int, failed: int) -> str:
     """The batch's on_finish callback: runs once, after the last row."""
     logger.info("batch %s done: %s imported, %s failed", batch_id, succeeded, failed)
     return f"{succeeded} imported, {failed} failed"
+
+
+# A workflow (docs/workflows.md): a fan-out of quotes, then a fan-in that compares them.
+
+# The shops the workflow asks for a quote, and what each answers.
+QUOTES = {"north": 12.5, "south": 11.0}
+
+
+@task
+def fetch_quote(shop: str) -> dict:
+    """One of the workflow's fan-out: the quotes are fetched side by side."""
+    time.sleep(0.2)
+    return {"shop": shop, "price": QUOTES[shop]}
+
+
+@task
+def pick_cheapest() -> str:
+    """The workflow's fan-in: runs once every quote has been fetched, and reads what each
+    fetch returned with ``dependency_results()`` (in its ``after=`` order)."""
+    quotes = [result.return_value for result in dependency_results()]
+    best = min(quotes, key=lambda quote: quote["price"])
+    logger.info("cheapest of %s quotes: %s at %.2f", len(quotes), best["shop"], best["price"])
+    return f"{best['shop']} at {best['price']:.2f}, of {len(quotes)} quotes"
 
 
 # Job control (docs/control.md): progress, a timeout, a cancel.

@@ -31,7 +31,7 @@ from django.db import connection, connections
 from django.tasks import TaskResult
 from django.utils import timezone
 
-from django_jobs import bulk_enqueue, cancel, enqueue_batch, progress
+from django_jobs import bulk_enqueue, cancel, enqueue_batch, get_workflow, progress, workflow
 from django_jobs.models import FINISHED_STATUSES, Batch, FailedExecution, Job, JobStatus
 from testproject.demo import tasks
 
@@ -57,6 +57,9 @@ class Tour:
     unique: list[TaskResult]
     batch_id: int
     rows: list[TaskResult]
+    workflow_id: int
+    quotes: list[TaskResult]
+    cheapest: TaskResult
     export: TaskResult
     slow_sync: TaskResult
     endless_import: TaskResult
@@ -72,6 +75,8 @@ class Tour:
             *self.keyed,
             *self.unique,
             *self.rows,
+            *self.quotes,
+            self.cheapest,
             self.export,
             self.slow_sync,
             self.endless_import,
@@ -109,6 +114,9 @@ def enqueue_tour() -> Tour:
         on_finish=tasks.import_done,
         description="demo import",
     )
+    with workflow("demo price check") as wf:
+        quotes = [wf.add(tasks.fetch_quote, shop) for shop in tasks.QUOTES]
+        cheapest = wf.add(tasks.pick_cheapest, after=quotes)
     export = tasks.export_orders.enqueue("2026-10")
     slow_sync = tasks.sync_catalogue.enqueue("acme")
     endless_import = tasks.import_products.enqueue("acme")
@@ -122,6 +130,9 @@ def enqueue_tour() -> Tour:
         unique=unique,
         batch_id=batch.id,
         rows=list(batch.results),
+        workflow_id=wf.result.id,
+        quotes=[quote.result for quote in quotes],
+        cheapest=cheapest.result,
         export=export,
         slow_sync=slow_sync,
         endless_import=endless_import,
@@ -306,6 +317,12 @@ class Command(BaseCommand):
                 "on_finish callback import_done runs, once",
             ),
             (
+                "workflow",
+                f"workflow #{tour.workflow_id}: fetch_quote {ids(tour.quotes)} run side by side; "
+                f"pick_cheapest #{tour.cheapest.id} is {job_row(tour.cheapest).status} until "
+                "both have succeeded, then reads what they returned with dependency_results()",
+            ),
+            (
                 "progress",
                 f"#{tour.export.id} export_orders reports its progress with set_progress(), "
                 f"{len(tasks.EXPORT_STEPS) - 1} steps; the demo reads it with progress() as it "
@@ -375,6 +392,19 @@ class Command(BaseCommand):
             callback = callbacks[0]
             assert callback is not None
             notes.append(("batch", f"callback #{callback.pk} ran once: {callback.return_value!r}"))
+        quotes = [ran(result.id) for result in tour.quotes]
+        if (cheapest := ran(tour.cheapest.id)) and all(quotes):
+            last = max(job.finished_at for job in quotes if job and job.finished_at)
+            assert cheapest.started_at is not None
+            waited = (cheapest.started_at - last).total_seconds()
+            status = get_workflow(tour.workflow_id).status
+            notes.append(
+                (
+                    "workflow",
+                    f"#{cheapest.pk} started {waited:.1f} s after the last quote: "
+                    f"{cheapest.return_value!r}; workflow #{tour.workflow_id} {status}",
+                )
+            )
         if export := ran(tour.export.id):
             reported = progress(export.pk)
             told = f"{reported.summary} ({reported.message})" if reported else "nothing"
@@ -397,8 +427,8 @@ class Command(BaseCommand):
             "Dashboard: counts per queue. Jobs: filter by status; a job's page lists every "
             "failed attempt with its traceback (the retry's and the failure's, the timeout's "
             "and the cancel's), shows the progress its task reported, and has a Cancel button "
-            "while the job waits or runs. Batches: the import and its callback. Processes: "
-            "empty again, the worker has stopped.",
+            "while the job waits or runs. Batches: the import and its callback. Workflows: "
+            "the price check and its graph. Processes: empty again, the worker has stopped.",
             indent="  ",
         )
 
