@@ -6,6 +6,7 @@ import factory
 from django.utils import timezone
 
 from django_jobs.models import (
+    AwaitingExecution,
     BlockedExecution,
     ClaimedExecution,
     FailedExecution,
@@ -80,6 +81,18 @@ class BlockedExecutionFactory(factory.django.DjangoModelFactory):
     queue_name = factory.SelfAttribute("job.queue_name")
     priority = factory.SelfAttribute("job.priority")
     concurrency_key = factory.SelfAttribute("job.concurrency_key")
+
+
+class AwaitingExecutionFactory(factory.django.DjangoModelFactory):
+    """A job waiting for the jobs it depends on; no edge rows (count tests need none)."""
+
+    class Meta:
+        model = AwaitingExecution
+
+    job = factory.SubFactory(JobFactory, status=JobStatus.AWAITING)
+    queue_name = factory.SelfAttribute("job.queue_name")
+    priority = factory.SelfAttribute("job.priority")
+    remaining = 1
 
 
 class ClaimedExecutionFactory(factory.django.DjangoModelFactory):

@@ -37,6 +37,7 @@ from django_jobs.models import (
 )
 from tests import tasks
 from tests.factories import (
+    AwaitingExecutionFactory,
     FailedExecutionFactory,
     FinishedJobFactory,
     JobFactory,
@@ -50,7 +51,7 @@ pytestmark = pytest.mark.django_db
 
 one_at_a_time = jobs_task(tasks.echo.func, concurrency_key="acct:{value}", concurrency_limit=1)
 KEY = "tests.tasks.echo/acct:1"
-PAGES = ("dashboard", "job", "blockedkey", "stuckjob", "process")
+PAGES = ("dashboard", "job", "blockedkey", "stuckjob", "process", "workflow")
 
 
 def page(name: str) -> str:
@@ -92,6 +93,7 @@ def test_dashboard_counts_chart_processes_and_paused_queues(admin_client):
     now = timezone.now()
     ReadyExecutionFactory.create_batch(3, job__queue_name="emails")
     ScheduledExecutionFactory(job__queue_name="emails", scheduled_at=now + timedelta(hours=1))
+    AwaitingExecutionFactory(job__queue_name="emails")  # waits for the jobs it depends on
     FinishedJobFactory.create_batch(4, queue_name="emails", finished_at=now)
     FinishedJobFactory(queue_name="emails", status=JobStatus.FAILED, finished_at=now)
     FinishedJobFactory(queue_name="emails", finished_at=now - timedelta(hours=3))  # too old
@@ -104,9 +106,10 @@ def test_dashboard_counts_chart_processes_and_paused_queues(admin_client):
     response = admin_client.get(page("dashboard"))
     assert response.status_code == 200
     queues = {q["name"]: q for q in response.context["queues"]}
-    # ready, scheduled, blocked, running, succeeded (1h), failed (1h), discarded (1h)
-    assert queues["emails"]["counts"] == [3, 1, 0, 0, 4, 1, 0]
-    assert queues["default"]["counts"] == [0, 0, 0, 1, 0, 0, 0]
+    # ready, scheduled, blocked, awaiting, running, succeeded (1h), failed (1h), discarded (1h)
+    assert queues["emails"]["counts"] == [3, 1, 0, 1, 0, 4, 1, 0]
+    assert queues["default"]["counts"] == [0, 0, 0, 0, 1, 0, 0, 0]
+    assert response.context["columns"][3] == "Awaiting"
     assert queues["reports"]["paused"] and not queues["emails"]["paused"]
     chart = response.context["chart"]
     assert (chart["succeeded"], chart["failed"], chart["peak"]) == (4, 1, 5)

@@ -131,8 +131,9 @@ def test_log_in_and_read_the_dashboard(page):
     page.click("text=Dashboard")
     page.wait_for_url("**/admin/django_jobs/dashboard/")
     row = page.locator("#queue-emails")
-    # ready, scheduled, blocked, running, succeeded (1h), failed (1h), discarded (1h)
-    assert row.locator("td.jobs-num").all_inner_texts() == ["2", "0", "0", "0", "3", "1", "0"]
+    # ready, scheduled, blocked, awaiting, running, succeeded (1h), failed (1h), discarded (1h)
+    counts = ["2", "0", "0", "0", "0", "3", "1", "0"]
+    assert row.locator("td.jobs-num").all_inner_texts() == counts
     assert page.locator("svg.jobs-chart rect.ok").count() == 1
     assert page.locator("svg.jobs-chart rect.failed").count() == 1
     assert "box-1" in page.locator("#processes").inner_text()

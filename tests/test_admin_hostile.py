@@ -21,7 +21,7 @@ from django.utils import timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from django_jobs.models import Batch, JobStatus, RateLimit
+from django_jobs.models import Batch, JobDependency, JobStatus, RateLimit, Workflow
 from tests.factories import (
     BlockedExecutionFactory,
     FailedExecutionFactory,
@@ -102,8 +102,10 @@ PAGES: dict[str, tuple[str, ...]] = {
         "concurrency_key",
         "finished_since",
         "batch",
+        "workflow",
     ),
     "batch": (*LIST_FILTERS, "finished"),
+    "workflow": (*LIST_FILTERS, "status"),
     "process": (
         *LIST_FILTERS,
         "kind",
@@ -126,11 +128,13 @@ def planted(db) -> dict[str, int]:
     """A row of each kind the pages show, so that they have something to render."""
     now = timezone.now()
     batch = Batch.objects.create(description="import", total=2, pending=1)
+    workflow = Workflow.objects.create(name="etl\n\x1b[31m")
     failed = FailedExecutionFactory(
-        job__batch=batch, job__finished_at=now, message="boom\n\x1b[31m"
+        job__batch=batch, job__workflow=workflow, job__finished_at=now, message="boom\n\x1b[31m"
     ).job
     ReadyExecutionFactory(job__queue_name="emails")
-    blocked = BlockedExecutionFactory().job
+    blocked = BlockedExecutionFactory(job__workflow=workflow).job
+    JobDependency.objects.create(job=blocked, depends_on=failed)
     SemaphoreFactory(key="key", limit=1, value=0)
     process = ProcessFactory(last_heartbeat_at=now - timedelta(hours=1))
     RateLimit.objects.create(key="partner-api", limit=2, period=1.0, starts=[now.timestamp()])
@@ -139,6 +143,7 @@ def planted(db) -> dict[str, int]:
         "blocked": blocked.pk,
         "batch": batch.pk,
         "process": process.pk,
+        "workflow": workflow.pk,
     }
 
 
@@ -173,7 +178,7 @@ def test_no_query_string_makes_a_page_answer_500(admin_client, planted, page):
     check()
 
 
-@pytest.mark.parametrize("model", ["job", "batch", "process"])
+@pytest.mark.parametrize("model", ["job", "batch", "process", "workflow"])
 def test_no_object_id_makes_a_detail_page_answer_500(admin_client, planted, model):
     """The detail pages by id, with hostile ids (and query strings): 404 for an id no row
     has, the page for a row's own."""
@@ -208,6 +213,25 @@ def test_no_job_id_in_an_action_path_answers_500(admin_client, planted):
     def check(job_id: int, action: str, method: str) -> None:
         url = run_now.replace("/1/run-now/", f"/{job_id}/{action}/")
         assert answer(admin_client, method, url) in {*ANSWERS, 405}, (method, url)
+
+    check()
+
+
+def test_no_id_in_a_workflow_action_path_answers_500(admin_client, planted):
+    """``<workflow>/cancel/`` and ``<workflow>/retry/<job>/``, with ids of rows, of no
+    row, and past the bigint range (404: no URL)."""
+    ids = st.one_of(
+        st.sampled_from([planted["workflow"], planted["job"], MAX_ID, MAX_ID + 1, 10**30]),
+        st.integers(min_value=0, max_value=10**40),
+    )
+    cancel = reverse("admin:django_jobs_workflow_cancel", args=[1])
+
+    @PROPERTY
+    @given(ids, ids, st.sampled_from(["get", "post"]))
+    def check(workflow_id: int, job_id: int, method: str) -> None:
+        base = cancel.replace("/1/cancel/", f"/{workflow_id}/")
+        for url in (f"{base}cancel/", f"{base}retry/{job_id}/"):
+            assert answer(admin_client, method, url) in {*ANSWERS, 403}, (method, url)
 
     check()
 

@@ -19,6 +19,7 @@ from django_jobs.observability.inspection import (
     queue_counts,
 )
 from tests.factories import (
+    AwaitingExecutionFactory,
     BlockedExecutionFactory,
     ClaimedExecutionFactory,
     FinishedJobFactory,
@@ -41,6 +42,7 @@ def jobs():
     ReadyExecutionFactory(created_at=ago(minutes=1))
     ScheduledExecutionFactory(job__queue_name="emails", queue_name="emails")
     BlockedExecutionFactory()
+    AwaitingExecutionFactory()  # a workflow's job, waiting for the jobs it depends on
     ClaimedExecutionFactory()
     FinishedJobFactory(finished_at=ago(seconds=10))
     FinishedJobFactory(status=JobStatus.FAILED, finished_at=ago(minutes=10))
@@ -57,10 +59,10 @@ def job_table_queries(queries) -> list[str]:
 def test_without_a_window_only_the_execution_tables_are_read(jobs):
     with CaptureQueriesContext(connection) as queries:
         counts = count_queues(DB)
-    assert len(queries) == 4 and not job_table_queries(queries)
+    assert len(queries) == 5 and not job_table_queries(queries)
     assert counts.pending == {
-        "default": {"ready": 2, "scheduled": 0, "blocked": 1, "running": 1},
-        "emails": {"ready": 0, "scheduled": 1, "blocked": 0, "running": 0},
+        "default": {"ready": 2, "scheduled": 0, "blocked": 1, "awaiting": 1, "running": 1},
+        "emails": {"ready": 0, "scheduled": 1, "blocked": 0, "awaiting": 0, "running": 0},
     }
     assert counts.finished == {} and counts.oldest_ready_at == {}
 
@@ -69,7 +71,7 @@ def test_a_window_is_one_more_query_bounded_by_finished_at(jobs):
     since = ago(minutes=15)
     with CaptureQueriesContext(connection) as queries:
         counts = count_queues(DB, finished_since=since, oldest_ready=True)
-    assert len(queries) == 5
+    assert len(queries) == 6
     (finished,) = job_table_queries(queries)
     assert "finished_at" in finished and ">=" in finished
     assert counts.finished == {"default": {"succeeded": 1, "failed": 1, "discarded": 0}}
@@ -92,6 +94,7 @@ def test_manage_py_jobs_table_counts_the_last_hour(jobs):
         "ready": 2,
         "scheduled": 0,
         "blocked": 1,
+        "awaiting": 1,
         "running": 1,
         "failed_last_hour": 1,
         "finished_last_hour": 2,

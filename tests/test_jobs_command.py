@@ -217,3 +217,54 @@ def test_the_blocked_keys_read_are_capped_and_the_rest_counted():
     grouped = [q["sql"] for q in queries if f"FROM {table}" in q["sql"] and "MIN(" in q["sql"]]
     assert grouped and all(f"LIMIT {inspection.KEYS_READ}" in sql for sql in grouped), grouped
     assert f"the first {inspection.KEYS_READ} of {len(keys)} keys (by name)" in report()
+
+
+def test_the_latest_workflows_with_their_state_in_text_and_json(django_capture_on_commit_callbacks):
+    """Each workflow's state is ``workflow_states``' (the one place it is computed); the
+    text shows the latest ``WORKFLOWS_SHOWN`` and says where the rest are."""
+    from django_jobs import cancel_workflow, chain, workflow
+    from django_jobs.core.workflows import workflow_states
+    from django_jobs.models import Workflow
+    from django_jobs.observability import inspection
+    from tests import workflow_tasks as wt
+
+    running = chain((wt.step, ["a"], {}), (wt.step, ["b"], {}), name="nightly\n\x1b[31mforged")
+    with workflow() as unnamed:
+        unnamed.add(wt.step, "x")
+    with django_capture_on_commit_callbacks(execute=True):
+        cancel_workflow(unnamed.result)
+
+    data = json.loads(report("--json"))
+    assert [(w["id"], w["status"]) for w in data["workflows"]] == [
+        (unnamed.result.id, "cancelled"),
+        (running.id, "running"),
+    ]
+    (shown,) = [w for w in data["workflows"] if w["id"] == running.id]
+    assert shown["counts"] == {"ready": 1, "awaiting": 1} and shown["finished_at"] is None
+    assert shown["name"] == "nightly\n\x1b[31mforged"
+    states = workflow_states("default", Workflow.objects.all())
+    assert {w["id"]: w["status"] for w in data["workflows"]} == {
+        pk: state.status for pk, state in states.items()
+    }
+
+    text = report()
+    section = text.split("Workflows (the latest")[1]
+    lines = section.splitlines()
+    (line,) = [line for line in lines if line.split()[:1] == [str(running.id)]]
+    assert line.split()[1:4] == ["nightly\\n\\x1b[31mforged", "running", "0/2"]
+    (line,) = [line for line in lines if line.split()[:1] == [str(unnamed.result.id)]]
+    assert line.split()[1:4] == ["-", "cancelled", "1/1"]
+    assert "\x1b" not in text and "lists every workflow" not in text
+
+    for n in range(inspection.WORKFLOWS_SHOWN):
+        chain(wt.merge, name=f"more {n}")
+    data = json.loads(report("--json"))
+    assert len(data["workflows"]) == inspection.WORKFLOWS_SHOWN
+    assert running.id not in [w["id"] for w in data["workflows"]]
+    assert "the admin's workflows page lists every workflow" in report()
+
+
+def test_no_workflows():
+    assert "Workflows (the latest" in report()
+    assert report().rstrip().endswith("none")
+    assert json.loads(report("--json"))["workflows"] == []

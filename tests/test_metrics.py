@@ -25,6 +25,7 @@ from django_jobs.metrics.collector import JobsCollector  # noqa: E402
 from django_jobs.models import JobStatus, Process  # noqa: E402
 from tests import tasks  # noqa: E402
 from tests.factories import (  # noqa: E402
+    AwaitingExecutionFactory,
     BlockedExecutionFactory,
     ClaimedExecutionFactory,
     FinishedJobFactory,
@@ -86,6 +87,7 @@ def test_jobs_per_queue_and_state_oldest_ready_age_and_paused_queues():
     ScheduledExecutionFactory(scheduled_at=timezone.now() + timedelta(hours=1))
     ScheduledExecutionFactory(scheduled_at=timezone.now() + timedelta(hours=2))
     BlockedExecutionFactory()
+    AwaitingExecutionFactory()
     ClaimedExecutionFactory()
     ReadyExecutionFactory(job__queue_name="unlisted")  # not in QUEUES: still reported
 
@@ -99,16 +101,13 @@ def test_jobs_per_queue_and_state_oldest_ready_age_and_paused_queues():
         ("default", "ready"): 2,
         ("default", "scheduled"): 2,
         ("default", "blocked"): 1,
+        ("default", "awaiting"): 1,
         ("default", "running"): 1,
     }
     assert jobs["emails", "ready"] == 1 and jobs["unlisted", "ready"] == 1
     # A queue of QUEUES without a job has its series, at 0: an alert needs no absent().
-    assert [jobs["reports", state] for state in ("ready", "scheduled", "blocked", "running")] == [
-        0,
-        0,
-        0,
-        0,
-    ]
+    states = ("ready", "scheduled", "blocked", "awaiting", "running")
+    assert [jobs["reports", state] for state in states] == [0, 0, 0, 0, 0]
     assert value(samples, "oldest_ready_job_age_seconds", queue="default") == pytest.approx(
         600, abs=10
     )
@@ -284,14 +283,14 @@ def test_a_scrape_costs_the_same_few_queries_however_many_rows_keys_and_processe
     large = count_scrape_queries()
 
     assert small == large
-    # Execution tables 4, pauses 1, last minute 1, blocked keys 2 + inspection.blocked_keys
+    # Execution tables 5, pauses 1, last minute 1, blocked keys 2 + inspection.blocked_keys
     # 5, processes 2: docs/metrics.md lists them.
-    assert large == 15
+    assert large == 16
 
 
 @pytest.mark.django_db
 def test_no_blocked_key_saves_the_per_key_queries():
-    assert count_scrape_queries() == 15 - 6
+    assert count_scrape_queries() == 16 - 6
 
 
 # -- Formats and registries -------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The jobs admin: dashboard, job list and pages, blocked keys, stuck jobs, processes,
-rate-limited keys, recurring tasks and batches.
+rate-limited keys, recurring tasks, batches and workflows.
 
 Every action goes through :mod:`django_jobs.core.operator`, which takes the
 worker's own locks; see ``docs/admin.md``.
@@ -14,6 +14,7 @@ from django_jobs.admin import (
     rate_limited,
     recurring,
     stuck,
+    workflows,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "rate_limited",
     "recurring",
     "stuck",
+    "workflows",
 ]

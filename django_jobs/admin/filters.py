@@ -23,6 +23,7 @@ from django_jobs.models import (
     Job,
     ReadyExecution,
     Semaphore,
+    Workflow,
 )
 
 RECENT = 2_000
@@ -105,22 +106,20 @@ class FinishedSinceFilter(admin.SimpleListFilter):
         return queryset.filter(finished_at__gte=timezone.now() - window)
 
 
-class BatchFilter(admin.SimpleListFilter):
-    """A batch's items (``?batch=<id>``, the batch page's link), on ``Job.batch``'s index.
+class RowFilter(admin.SimpleListFilter):
+    """The jobs of one batch or workflow (``?batch=<id>``, its page's link), on the index
+    ``Job.<column>`` leads. Offers the most recent rows; any id can be put in the URL."""
 
-    Offers the most recent batches; any batch id can be put in the URL.
-    """
-
-    title = "batch"
-    parameter_name = "batch"
+    model: type[Batch | Workflow]
+    # The row's field its choice is labelled with, and the job's column that names it.
+    label_field = ""
+    column = ""
     offered = 20
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin):
         db = JobsSettings.load().database
-        recent = Batch.objects.using(db).order_by("-pk").values_list("pk", "description")
-        choices = {
-            str(pk): f"#{pk} {description}".strip() for pk, description in recent[: self.offered]
-        }
+        recent = self.model.objects.using(db).order_by("-pk").values_list("pk", self.label_field)
+        choices = {str(pk): f"#{pk} {label}".strip() for pk, label in recent[: self.offered]}
         value = self.value()
         if value and value not in choices:
             choices[value] = f"#{value}"
@@ -130,5 +129,17 @@ class BatchFilter(admin.SimpleListFilter):
         value = self.value()
         if not value:
             return queryset
-        batch_id = as_id(value)
-        return queryset.none() if batch_id is None else queryset.filter(batch_id=batch_id)
+        row_id = as_id(value)
+        return queryset.none() if row_id is None else queryset.filter(**{self.column: row_id})
+
+
+class BatchFilter(RowFilter):
+    title = parameter_name = "batch"
+    model = Batch
+    label_field, column = "description", "batch_id"
+
+
+class WorkflowFilter(RowFilter):
+    title = parameter_name = "workflow"
+    model = Workflow
+    label_field, column = "name", "workflow_id"

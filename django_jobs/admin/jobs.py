@@ -1,4 +1,5 @@
-"""The job list (filters, search, bulk actions) and one job's page (timeline, attempts, actions)."""
+"""The job list (filters, search, bulk actions) and one job's page (timeline, attempts, what
+it waits for, actions)."""
 
 from __future__ import annotations
 
@@ -32,12 +33,14 @@ from django_jobs.admin.base import (
     local_time,
     page_context,
 )
+from django_jobs.admin.dependencies import job_edges, retry_refusal
 from django_jobs.admin.filters import (
     BatchFilter,
     ConcurrencyKeyFilter,
     FinishedSinceFilter,
     QueueFilter,
     TaskFilter,
+    WorkflowFilter,
 )
 from django_jobs.conf import JobsSettings
 from django_jobs.core import operator as operations
@@ -46,6 +49,7 @@ from django_jobs.core.progress import Progress, amount, from_row
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
 from django_jobs.models import (
     FINISHED_STATUSES,
+    AwaitingExecution,
     BlockedExecution,
     ClaimedExecution,
     FailedExecution,
@@ -66,16 +70,12 @@ TRACEBACK_SHOWN = 10_000
 # The columns the list never shows, left unread: 50 rows of them could weigh 150 MiB.
 LIST_DEFERRED = ("args", "kwargs", "return_value", "worker_ids", "backoff", "trace_context")
 
-# What each state allows (the operations re-check under their locks).
+# What each state allows (the operations re-check under their locks). A job awaiting its
+# dependencies is waiting like a blocked one: ending it ends what its policy says waits on it.
 RETRYABLE = {JobStatus.FAILED}
-DISCARDABLE = {JobStatus.READY, JobStatus.SCHEDULED, JobStatus.BLOCKED, JobStatus.FAILED}
-CANCELLABLE = {
-    JobStatus.READY,
-    JobStatus.SCHEDULED,
-    JobStatus.BLOCKED,
-    JobStatus.CLAIMED,
-    JobStatus.RUNNING,
-}
+WAITING = {JobStatus.READY, JobStatus.SCHEDULED, JobStatus.BLOCKED, JobStatus.AWAITING}
+DISCARDABLE = {*WAITING, JobStatus.FAILED}
+CANCELLABLE = {*WAITING, JobStatus.CLAIMED, JobStatus.RUNNING}
 
 
 def jobs_db() -> str:
@@ -163,6 +163,14 @@ def progress_cell(progress: Progress) -> str:
     )
 
 
+def retried(db: str, job_id: int) -> str:
+    """Where a retried job went: back in its queue, or waiting for its dependencies again."""
+    status = Job.objects.using(db).filter(pk=job_id).values_list("status", flat=True).first()
+    if status == JobStatus.AWAITING:
+        return "it waits again for the jobs it depends on, then runs"
+    return "it is queued again"
+
+
 def current_execution(job: Job) -> dict[str, Any] | None:
     """The execution row the job is in now, as label/value pairs for the detail page."""
     db = jobs_db()
@@ -190,6 +198,11 @@ def current_execution(job: Job) -> dict[str, Any] | None:
             "blocked",
             BlockedExecution,
             [("Blocked since", "created_at"), ("Waiting on key", "concurrency_key")],
+        ),
+        (
+            "awaiting",
+            AwaitingExecution,
+            [("Awaiting since", "created_at"), ("Dependencies not ended", "remaining")],
         ),
     ):
         row = model.objects.using(db).filter(job_id=job.pk).first()
@@ -227,6 +240,7 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
         ConcurrencyKeyFilter,
         FinishedSinceFilter,
         BatchFilter,
+        WorkflowFilter,
     )
     search_fields = ("id",)  # replaced by get_search_results; enables the search box
     search_help_text = "A job id, or text in its arguments (the latter reads every job)."
@@ -346,6 +360,7 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
             "workers": workers[-WORKERS_SHOWN:],
             "earlier_workers": max(0, len(workers) - WORKERS_SHOWN),
             "execution": current_execution(job),
+            "edges": job_edges(jobs_db(), job),
             "no_execution": no_execution(job),
             "can_retry": can_act and job.status in RETRYABLE,
             "can_discard": can_act and job.status in DISCARDABLE,
@@ -397,10 +412,13 @@ class JobAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
         self.require_act_permission(request)
         if request.method != "POST":
             return HttpResponse(status=405)
-        if operations.retry_failed_job(jobs_db(), job_id):
-            messages.success(request, f"Job #{job_id} will be retried: it is queued again.")
+        db = jobs_db()
+        if operations.retry_failed_job(db, job_id):
+            messages.success(request, f"Job #{job_id} will be retried: {retried(db, job_id)}.")
         else:
-            messages.warning(request, f"Job #{job_id} was not retried: it is no longer failed.")
+            messages.warning(
+                request, f"Job #{job_id} was not retried: {retry_refusal(db, job_id)}."
+            )
         return HttpResponseRedirect(self.job_url(job_id))
 
     def discard_view(self, request: HttpRequest, job_id: int) -> HttpResponse:

@@ -43,7 +43,8 @@ def families() -> dict[str, GaugeMetricFamily]:
         "jobs": gauge(
             "jobs",
             "Jobs waiting or running, per queue and state "
-            "(ready, scheduled, blocked, running: claimed by a worker).",
+            "(ready, scheduled, blocked, awaiting: waiting for the jobs it depends on, "
+            "running: claimed by a worker).",
             ["queue", "state"],
         ),
         "oldest_ready": gauge(

@@ -1,7 +1,7 @@
 """The numbers behind the metrics, read from the database in a fixed, small set of queries.
 
-Every query reads the execution tables (ready, scheduled, blocked, claimed: as large as
-the backlog, not the history), the process, pause and semaphore tables, or the
+Every query reads the execution tables (ready, scheduled, blocked, awaiting, claimed: as
+large as the backlog, not the history), the process, pause and semaphore tables, or the
 ``(status, finished_at)`` index range of ``Job`` for the last minute: the cost follows
 the backlog and the jobs finished per minute, never the number of finished jobs kept.
 Counts, blocked keys and processes come from ``django_jobs.observability.inspection``, as
@@ -45,7 +45,7 @@ class Facts:
     """One scrape's worth of numbers, in plain Python (no ``prometheus_client`` needed)."""
 
     taken_at: datetime
-    # queue -> {ready, scheduled, blocked, running}
+    # queue -> {ready, scheduled, blocked, awaiting, running}
     pending: dict[str, dict[str, int]]
     # queue -> when its oldest ready job became ready (queues with ready jobs only)
     oldest_ready_at: dict[str, datetime]
@@ -97,7 +97,7 @@ def top_blocked_keys(db: str, now: datetime, top: int) -> tuple[int, list[Blocke
 
 
 def gather(top_keys: int = 20, conf: JobsSettings | None = None) -> Facts:
-    """Every number of one scrape: 9 queries, 15 when some job is blocked."""
+    """Every number of one scrape: 10 queries, 16 when some job is blocked."""
     conf = conf or JobsSettings.load()
     db = conf.database
     now = timezone.now()

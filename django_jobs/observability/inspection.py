@@ -1,5 +1,5 @@
 """What an operator asks of the queue: counts, blocked keys, stuck jobs, live processes,
-and the progress of running jobs.
+the progress of running jobs and the latest workflows.
 
 Shared by ``manage.py jobs``, the admin and the metrics: every query reads the small
 execution tables or an index range of ``Job`` (jobs finished in a window the caller
@@ -21,8 +21,10 @@ from django.utils import timezone
 from django_jobs.conf import JobsSettings
 from django_jobs.core.progress import from_row
 from django_jobs.core.queues import QueueSelector
+from django_jobs.core.workflows import WorkflowState, workflow_states
 from django_jobs.models import (
     FINISHED_STATUSES,
+    AwaitingExecution,
     BlockedExecution,
     ClaimedExecution,
     Job,
@@ -32,15 +34,17 @@ from django_jobs.models import (
     ReadyExecution,
     ScheduledExecution,
     Semaphore,
+    Workflow,
 )
 
-# A waiting or running job's execution table, as the counts name it ("running": a claimed
-# execution, started or about to be).
-PENDING_STATES = ("ready", "scheduled", "blocked", "running")
+# A waiting or running job's execution table, as the counts name it ("awaiting": waiting
+# for the jobs it depends on; "running": a claimed execution, started or about to be).
+PENDING_STATES = ("ready", "scheduled", "blocked", "awaiting", "running")
 PENDING_TABLES = (
     ("ready", ReadyExecution),
     ("scheduled", ScheduledExecution),
     ("blocked", BlockedExecution),
+    ("awaiting", AwaitingExecution),
     ("running", ClaimedExecution),
 )
 # How a job ends, as plain strings (dict keys, metric labels, JSON): the finished statuses.
@@ -55,6 +59,8 @@ KEY_CHUNK = 500
 # up to COUNT_CAP, not read.
 KEYS_READ = KEY_CHUNK
 COUNT_CAP = 10_000
+# The latest workflows a snapshot shows (``manage.py jobs``); the admin lists them all.
+WORKFLOWS_SHOWN = 10
 
 
 @dataclass
@@ -106,6 +112,8 @@ class Snapshot:
     # How many keys have blocked jobs: ``blocked_keys`` holds the first KEYS_READ of them
     # (by name); counted up to COUNT_CAP + 1, which means "more than COUNT_CAP".
     blocked_key_count: int = 0
+    # The latest WORKFLOWS_SHOWN workflows, newest first, as their jobs say they stand.
+    workflows: list[WorkflowState] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         def encode(value: Any) -> Any:
@@ -124,11 +132,12 @@ class Snapshot:
 class QueueCounts:
     """Per queue, what :func:`count_queues` was asked for.
 
-    ``pending``: queue -> {ready, scheduled, blocked, running}, for the queues with a row
-    in some execution table. ``finished``: queue -> {succeeded, failed, discarded} in the
-    window asked for, for the queues with a job that finished in it (empty if none was
-    asked). ``oldest_ready_at``: queue -> its oldest ready row's ``created_at``, when that
-    job became ready (only if asked, and for the queues with ready jobs).
+    ``pending``: queue -> {ready, scheduled, blocked, awaiting, running}, for the queues
+    with a row in some execution table. ``finished``: queue -> {succeeded, failed,
+    discarded} in the window asked for, for the queues with a job that finished in it
+    (empty if none was asked). ``oldest_ready_at``: queue -> its oldest ready row's
+    ``created_at``, when that job became ready (only if asked, and for the queues with
+    ready jobs).
     """
 
     pending: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -449,7 +458,16 @@ def snapshot(conf: JobsSettings | None = None) -> Snapshot:
         processes=procs,
         progress=running_progress(db),
         blocked_key_count=key_count,
+        workflows=latest_workflows(db),
     )
+
+
+def latest_workflows(db: str, limit: int = WORKFLOWS_SHOWN) -> list[WorkflowState]:
+    """The newest ``limit`` workflows, each one's state from ``workflow_states`` (the one
+    place it is computed): two queries, the second grouped over their jobs' index."""
+    rows = list(Workflow.objects.using(db).order_by("-pk")[:limit])
+    states = workflow_states(db, rows)
+    return [states[row.pk] for row in rows]
 
 
 @dataclass

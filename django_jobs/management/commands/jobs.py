@@ -13,14 +13,20 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from django_jobs.core.progress import summary
-from django_jobs.observability.inspection import COUNT_CAP, STATES, Snapshot, snapshot
+from django_jobs.observability.inspection import (
+    COUNT_CAP,
+    STATES,
+    WORKFLOWS_SHOWN,
+    Snapshot,
+    snapshot,
+)
 from django_jobs.text import printable
 
 
 class Command(BaseCommand):
     help = (
-        "Show per-queue counts, blocked concurrency keys, stuck jobs, live processes and the "
-        "progress of running jobs."
+        "Show per-queue counts, blocked concurrency keys, stuck jobs, live processes, the "
+        "progress of running jobs and the latest workflows."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -41,6 +47,7 @@ class Command(BaseCommand):
             self.render_stuck,
             self.render_processes,
             self.render_progress,
+            self.render_workflows,
         ):
             section(state)
 
@@ -130,6 +137,23 @@ class Command(BaseCommand):
             if progress_rows
             else "  none reported"
         )
+
+    def render_workflows(self, state: Snapshot) -> None:
+        out = self.stdout.write
+        out(self.style.MIGRATE_HEADING(f"Workflows (the latest {WORKFLOWS_SHOWN})"))
+        rows = [
+            [
+                str(w.id),
+                printable(w.name) or "-",
+                w.status,
+                f"{w.total - w.unfinished}/{w.total}",
+                f"{w.created_at:%Y-%m-%d %H:%M:%S}" if w.created_at else "",
+            ]
+            for w in state.workflows
+        ]
+        out(table(["id", "name", "status", "done", "created"], rows) if rows else "  none")
+        if len(rows) >= WORKFLOWS_SHOWN:
+            out("  ... the admin's workflows page lists every workflow")
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
