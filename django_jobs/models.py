@@ -100,7 +100,7 @@ class Workflow(models.Model):
     """A graph of jobs that wait for one another, enqueued together (``workflow()``) or
     grown by ``using(after=...)``.
 
-    Its state is read from its jobs (``observability/workflows.py``), never counted here:
+    Its state is read from its jobs (``core/workflows.py``), never counted here:
     a row every node's finish updated would serialise every finish of a wide workflow.
     Only an end decided for the whole graph (an operator's cancel, a node's
     ``on_dependency_failure="fail"``) is written, as ``ended_as``.

@@ -314,7 +314,9 @@ def write_graph(
         elif failed and policy != DependencyFailure.RUN:
             ended[job.pk] = f"dependency #{failed[0]} failed"
             state[index] = JobStatus.FAILED
-            failing_workflow |= policy == DependencyFailure.FAIL
+            # "fail" fails the workflow the job was enqueued with; a job joining another
+            # one (using(after=...)) after the failure ends alone.
+            failing_workflow |= policy == DependencyFailure.FAIL and graph.new
         elif remaining:
             awaiting.append(
                 AwaitingExecution(

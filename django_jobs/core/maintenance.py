@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import models, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from django_jobs.core.admission import reconcile_key
@@ -183,11 +183,9 @@ def prune_round(
         if not ids:
             return []
         counts.failures += ops(db).delete_executions(db, FailedExecution, ids)
-        # Their dependency edges, both ways: what a pruned job waited for, and what
-        # waited for it (ended long ago, so settled: the dispatcher's sweep sees to it).
-        JobDependency.objects.using(db).filter(
-            Q(job_id__in=ids) | Q(depends_on_id__in=ids)
-        ).delete()
+        # What a pruned job waited for. An edge to it from a job still kept stays: that
+        # job's dependency_results() keeps its positions (docs/workflows.md).
+        JobDependency.objects.using(db).filter(job_id__in=ids).delete()
         ops(db).delete_by_pk(db, Job, ids)
     counts.jobs.update(status for _, status in rows)
     return ids

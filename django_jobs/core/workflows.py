@@ -219,7 +219,12 @@ class WorkflowBuilder:
             raise InvalidTask("a workflow needs at least one task")
         order = topological_order(len(self.calls), self.after, self.calls)
         position = {index: place for place, index in enumerate(order)}
-        backend = backend_of([call for call in self.calls], {name: None for name in CALLBACK_NAMES})
+        aliases = {task.backend for task, _, _ in self.calls}
+        if len(aliases) > 1:
+            raise InvalidTask(
+                f"a workflow's tasks must use one task backend, not {', '.join(sorted(aliases))}"
+            )
+        backend = backend_of(list(self.calls), {name: None for name in CALLBACK_NAMES})
         db = backend.database
         graph = Graph(name=self.name, new=True)
         for index, items in self.after.items():
@@ -328,6 +333,10 @@ class WorkflowResult:
         """``running``, ``succeeded``, ``failed`` or ``cancelled``, read now."""
         return self.state().status
 
+    def as_dependencies(self) -> tuple[Dependency, ...]:
+        """``after=[workflow_result]``: wait for every job of the workflow, as enqueued."""
+        return tuple(Dependency(result.backend, int(result.id)) for result in self.results)
+
     def refresh(self) -> WorkflowResult:
         """The same workflow with every node's result read again."""
         refreshed = []
@@ -419,7 +428,7 @@ def dependency_results() -> list[TaskResult]:
 
     job_id = current_job_id.get()
     if job_id is None:
-        raise RuntimeError("dependency_results() is called from inside a running task")
+        raise RuntimeError("dependency_results() can only be called from inside a running task")
     db = database_alias()
     backend = Job.objects.using(db).filter(pk=job_id).values_list("backend", flat=True).first()
     target = task_backends[backend or "default"]
