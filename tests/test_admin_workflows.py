@@ -280,12 +280,13 @@ def test_hostile_names_and_task_paths_are_escaped_everywhere(admin_client):
 
 def test_an_unknown_status_in_a_row_draws_an_unknown_node(admin_client):
     hostile = Workflow.objects.create(name="edited")
-    job = JobFactory(workflow=hostile, status='x" onmouseover="alert(1)')
+    job = JobFactory(workflow=hostile, status='x"><b>z')  # the column holds 16 characters
     response = admin_client.get(url("workflow_change", hostile.pk))
     assert response.status_code == 200
     (node,) = response.context["drawing"].nodes
     assert node.id == job.pk and node.tone == "unknown"
-    assert 'onmouseover="alert' not in response.content.decode()
+    html = response.content.decode()
+    assert "<b>z" not in html and 'data-status="x&quot;&gt;&lt;b&gt;z"' in html
 
 
 # --- the layout -------------------------------------------------------------------------
