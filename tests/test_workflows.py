@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.tasks import TaskResultStatus
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import django_jobs
 from django_jobs import workflow
@@ -134,9 +136,7 @@ def test_chain_shorthand_and_a_result_per_node(worker):
     assert get_workflow(made.id).results[1].id == made.results[1].id
 
 
-def test_a_failed_dependency_cancels_its_dependents_and_theirs_after_the_commit(
-    worker, commits
-):
+def test_a_failed_dependency_cancels_its_dependents_and_theirs_after_the_commit(worker, commits):
     with workflow() as wf:
         a = wf.add(wt.step, "a")
         b = wf.add(wt.step, "b", after=[a])
@@ -240,23 +240,31 @@ def test_the_enqueue_refuses_an_unknown_job_a_cycle_and_writes_nothing(worker):
     assert not Job.objects.exists() and not Workflow.objects.exists()
 
 
-def test_a_dependency_in_another_database_is_refused(worker, settings):
+@pytest.fixture
+def second_backend(settings):
+    """A second django-jobs backend, ``other``, on the database alias given."""
     from django.tasks import task_backends
 
-    settings.TASKS = {
-        **settings.TASKS,
-        "elsewhere": {
-            "BACKEND": "django_jobs.backend.JobsBackend",
-            "OPTIONS": {"database": "listen_elsewhere"},
-        },
-    }
-    task_backends._settings = None  # noqa: SLF001 - read TASKS again
-    try:
-        other = django_jobs.tasks.job_task.Dependency("elsewhere", 1)
-        with pytest.raises(InvalidDependency, match="own database"):
-            wt.step.using(after=[other]).enqueue("x")
-    finally:
-        task_backends._settings = None  # noqa: SLF001
+    def make(database: str) -> None:
+        settings.TASKS = {
+            **settings.TASKS,
+            "other": {
+                "BACKEND": "django_jobs.backend.JobsBackend",
+                "OPTIONS": {"database": database},
+            },
+        }
+        task_backends._settings = None
+
+    yield make
+    task_backends._settings = None
+
+
+def test_a_dependency_in_another_database_is_refused(worker, second_backend):
+    from django_jobs.tasks.job_task import Dependency
+
+    second_backend("listen_elsewhere")
+    with pytest.raises(InvalidDependency, match="own database"):
+        wt.step.using(after=[Dependency("other", 1)]).enqueue("x")
 
 
 def test_cancel_workflow_ends_waiting_and_awaiting_jobs_and_releases_nothing(worker, commits):
@@ -338,3 +346,98 @@ def test_a_task_result_reports_an_awaiting_job_as_ready(worker):
     assert b.result.status == TaskResultStatus.READY
     assert wt.step.get_backend().get_result(b.result.id).status == TaskResultStatus.READY
     assert connection.alias == DB
+
+
+def test_options_are_checked_where_they_are_written():
+    from django.tasks.exceptions import InvalidTask
+
+    with pytest.raises(InvalidTask, match="on_dependency_failure must be one of"):
+        django_jobs.task(on_dependency_failure="later")(wt.step.func)
+    with pytest.raises(InvalidTask, match="per call"):
+        django_jobs.task(after=[1])(wt.step.func)
+    with pytest.raises(InvalidTask, match="on_dependency_failure must be one of"):
+        with workflow() as wf:
+            wf.add(wt.step, "a", on_dependency_failure="sometimes")
+
+
+@given(
+    st.one_of(
+        st.integers(),
+        st.floats(allow_nan=True),
+        st.text(max_size=30),
+        st.none(),
+        st.booleans(),
+        st.lists(st.one_of(st.integers(), st.text(max_size=5), st.none()), max_size=4),
+        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    )
+)
+@settings(max_examples=200, deadline=None)
+def test_any_after_value_is_a_dependency_list_or_a_clear_refusal(value):
+    """Whatever ``after=`` is given, ``using()`` either keeps job ids that fit the column
+    (positive, 64-bit) or refuses naming the value; it never raises anything else."""
+    from django_jobs.tasks.job_task import Dependency
+
+    try:
+        task = wt.step.using(after=value)
+    except InvalidDependency as exc:
+        assert "after=" in str(exc)
+        return
+    assert isinstance(task.after, tuple)
+    for item in task.after:
+        assert isinstance(item, Dependency) and 1 <= item.job_id <= 2**63 - 1
+
+
+def test_discarding_an_awaiting_job_settles_what_waits_for_it(worker):
+    with workflow() as wf:
+        a = wf.add(wt.step, "a")
+        b = wf.add(wt.step, "b", after=[a])
+        c = wf.add(wt.cleanup, after=[b])
+    assert operator.discard_job(DB, pk(b.result))
+    assert status(b.result) == "discarded"
+    assert not AwaitingExecution.objects.filter(job_id=pk(b.result)).exists()
+    # c runs anyway once what it waits for has ended; a is untouched.
+    assert status(c.result) == "ready" and status(a.result) == "ready"
+
+
+def test_a_job_joining_an_ended_workflow_ends_at_once(worker, commits):
+    with workflow() as wf:
+        a = wf.add(wt.step, "a")
+    with commits():
+        django_jobs.cancel_workflow(wf.result)
+    late = wt.cleanup.using(after=[a.result]).enqueue()
+    assert job_row(late).workflow_id == wf.result.id
+    assert status(late) == "failed"
+    assert error_paths(late) == [DEPENDENCY_FAILED_ERROR]
+
+
+def test_retrying_a_dependent_whose_dependency_is_waiting_again_makes_it_wait(worker, commits):
+    with workflow() as wf:
+        a = wf.add(wt.step, "a")
+        b = wf.add(wt.step, "b", after=[a])
+    run(worker, a.result, fail=True, commits=commits)
+    # a retried from the admin: b waits again. b's own retry, meanwhile, changes nothing.
+    assert operator.retry_failed_job(DB, pk(a.result))
+    assert status(b.result) == "awaiting"
+    assert not operator.retry_failed_job(DB, pk(b.result))
+    assert AwaitingExecution.objects.get(job_id=pk(b.result)).remaining == 1
+
+
+def test_after_a_whole_workflow_waits_for_every_job_of_it(worker):
+    with workflow() as wf:
+        a = wf.add(wt.step, "a")
+        b = wf.add(wt.step, "b")
+    after_all = wt.merge.using(after=[wf.result]).enqueue()
+    assert AwaitingExecution.objects.get(job_id=pk(after_all)).remaining == 2
+    run(worker, a.result)
+    run(worker, b.result)
+    assert status(after_all) == "ready"
+
+
+def test_a_workflow_of_two_backends_is_refused_in_its_own_words(worker, second_backend):
+    from django.tasks.exceptions import InvalidTask
+
+    second_backend(DB)
+    with pytest.raises(InvalidTask, match="one task backend"):
+        with workflow() as wf:
+            wf.add(wt.step, "a")
+            wf.add(wt.step.using(backend="other"), "b")
