@@ -133,11 +133,9 @@ class Graph:
 def graph_of(prepared: Sequence[tuple[Job, Task]], graph: Graph | None) -> Graph | None:
     """The graph of an enqueue: the builder's, plus each call's ``using(after=...)``.
     None when no call waits for anything and no workflow was asked for."""
-    from django_jobs.tasks.job_task import job_options
-
     found = graph
     for index, (_, task) in enumerate(prepared):
-        after = job_options(task)["after"]
+        after = getattr(task, "after", ())  # a JobTask's; a plain Task waits for nothing
         if not after:
             continue
         if found is None:
