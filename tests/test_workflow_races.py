@@ -207,3 +207,58 @@ def test_unprotected_a_cancel_acting_on_a_stale_listing_leaves_a_job_to_run(monk
     # (the release had it locked), and b, released, is ready to run in a cancelled workflow.
     assert Job.objects.get(pk=child).status == JobStatus.READY
     assert ReadyExecution.objects.filter(job_id=child).exists()
+
+
+# --- an enqueue waiting for a job that finishes at the same instant --------------------------
+
+
+def race_enqueue_against_parent_finish(monkeypatch, worker, known: bool) -> int:
+    """``using(after=[parent])`` pauses holding what it read of the running parent; the
+    parent's finish runs meanwhile (with ``known``, as a worker's: its claim-time copy says
+    "no workflow", which on PostgreSQL picks the one-statement finish)."""
+    parent = wt.step.enqueue("parent")
+    (job,) = claimed_parents(worker, 1)
+    assert job.pk == int(parent.id) and job.workflow_id is None
+    paused = Paused(monkeypatch, dependencies, "mark_parents")
+    enqueueing = Runner(lambda: int(wt.merge.using(after=[parent]).enqueue().id), paused)
+    enqueueing.start()
+    assert paused.reached.wait(10)  # the edge is decided, nothing committed
+    copies = [job] if known else []
+    finishing = Runner(lambda: claimed.finish_jobs(DB, worker.pk, {job.pk: "p"}, copies))
+    finishing.start()
+    wait_for(finishing.blocked_or_done, "the parent's finish to block or end")
+    paused.resume.set()
+    child = enqueueing.finish()
+    assert finishing.finish() == {job.pk}
+    assert Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED
+    return child
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["worker_copy", "no_copy"])
+def test_a_parent_finishing_as_a_job_starts_waiting_for_it_releases_that_job(
+    monkeypatch, worker, known
+):
+    """Protection: the enqueue locks the parent's row and marks it with a workflow before
+    writing the edge; the finish reads the mark under that lock (PostgreSQL's one-statement
+    finish rechecks it as it updates the row, and leaves the job to the general path)."""
+    child = race_enqueue_against_parent_finish(monkeypatch, worker, known)
+    assert Job.objects.get(pk=child).status == JobStatus.READY
+    assert not AwaitingExecution.objects.filter(job_id=child).exists()
+
+
+def test_unprotected_an_unlocked_read_of_the_parent_strands_the_job(monkeypatch, worker):
+    def unlocked_parents(db, ids):
+        rows = (
+            Job.objects.using(db)
+            .filter(pk__in=sorted(ids))
+            .values_list("pk", "status", "workflow_id")
+        )
+        return {pk: dependencies.ParentRow(status, workflow_id) for pk, status, workflow_id in rows}
+
+    monkeypatch.setattr(dependencies, "lock_parents", unlocked_parents)
+    monkeypatch.setattr(dependencies, "mark_parents", lambda db, parents, workflow_id: None)
+    child = race_enqueue_against_parent_finish(monkeypatch, worker, known=True)
+    # The enqueue saw its parent running and counted it; the finish, which saw no edge,
+    # released nothing: the job waits for a job that has ended.
+    assert Job.objects.get(pk=child).status == JobStatus.AWAITING
+    assert AwaitingExecution.objects.get(job_id=child).remaining == 1
