@@ -136,7 +136,8 @@ class Nodes:
 
 def read_nodes(db: str, workflow_id: int) -> Nodes:
     """The first ``NODES_SHOWN`` jobs, their edges (at most ``EDGES_READ``), the status
-    of every job they wait for, and the remaining count of those awaiting: four queries."""
+    of the jobs outside them they wait for, and the remaining count of those awaiting: at
+    most four queries."""
     jobs = list(
         Job.objects.using(db)
         .filter(workflow_id=workflow_id)
