@@ -84,6 +84,11 @@ def test_open_the_list_then_a_workflows_graph_and_follow_a_node_to_its_job(page,
     assert all(node["href"] == job_href(job_id) for job_id, node in nodes.items())
     assert [nodes[i]["status"] for i in ids] == ["succeeded", "ready", "ready", "awaiting"]
     assert page.locator("#workflow-graph path.jobs-graph-edge").count() == 4
+    # A node reads as a box, not as underlined text (the admin underlines links).
+    underline = page.locator(f"#workflow-graph a[data-job='{ids[0]}']").evaluate(
+        "a => getComputedStyle(a).textDecorationLine"
+    )
+    assert underline == "none"
     # Drawn left to right: the bottom job right of the two it waits for.
     box = {i: page.locator(f"#workflow-graph a[data-job='{i}'] rect").bounding_box() for i in ids}
     assert box[ids[0]]["x"] < box[ids[1]]["x"] == box[ids[2]]["x"] < box[ids[3]]["x"]
