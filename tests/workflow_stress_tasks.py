@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.db import connection
+
 from django_jobs import task
 from tests.harness import child_pids, max_overlap, wait_until
 
@@ -312,6 +314,9 @@ class Snapshot:
     failures: dict[int, list[tuple[int, str]]]  # job -> (attempt, exception class path)
     workflows: dict[int, str | None]  # workflow -> ended_as
     leftovers: dict[str, int]  # rows of execution tables left
+    ended_at: dict[int, float] = field(default_factory=dict)  # ended workflow -> ended_at
+    # job -> (attempt, class, message, failed_at), for the evidence of a figure over
+    messages: dict[int, list[tuple[int, str, str, float]]] = field(default_factory=dict)
 
 
 def snapshot() -> Snapshot:
@@ -353,15 +358,24 @@ def snapshot() -> Snapshot:
         )
     }
     failures: dict[int, list[tuple[int, str]]] = defaultdict(list)
-    for job_id, attempt, path in FailedExecution.objects.order_by("attempt", "pk").values_list(
-        "job_id", "attempt", "exception_class_path"
-    ):
+    messages: dict[int, list[tuple[int, str, str, float]]] = defaultdict(list)
+    for job_id, attempt, path, message, at in FailedExecution.objects.order_by(
+        "attempt", "pk"
+    ).values_list("job_id", "attempt", "exception_class_path", "message", "failed_at"):
         failures[job_id].append((attempt, path))
+        messages[job_id].append((attempt, path.rsplit(".", 1)[-1], message[:80], at.timestamp()))
     return Snapshot(
+        messages=messages,
         jobs=jobs,
         edges=list(JobDependency.objects.values_list("job_id", "depends_on_id", "settled")),
         failures=failures,
         workflows=dict(Workflow.objects.values_list("pk", "ended_as")),
+        ended_at={
+            pk: at.timestamp()
+            for pk, at in Workflow.objects.filter(ended_at__isnull=False).values_list(
+                "pk", "ended_at"
+            )
+        },
         leftovers={
             "awaiting": AwaitingExecution.objects.count(),
             "ready": ReadyExecution.objects.count(),
@@ -391,6 +405,7 @@ class Figure:
 class Report:
     figures: list[Figure]
     info: dict[str, Any]
+    evidence: list[str] = field(default_factory=list)  # rows of the jobs of a figure over
 
     def over(self) -> list[Figure]:
         return [f for f in self.figures if not f.ok]
@@ -412,6 +427,9 @@ class Report:
             if not self.over()
             else f"{len(self.over())} figure(s) over their bound"
         )
+        if self.evidence:
+            lines.append("evidence (times are time.time(), the records' clock):")
+            lines += self.evidence
         return "\n".join(lines)
 
 
@@ -683,6 +701,19 @@ def audit(
         )
     )
 
+    # --- how long a node waited once its last dependency had ended (a lost follow-up
+    # shows here: its level waits for the maintenance sweep)
+    waits = []
+    for job, row in jobs.items():
+        ends_of = [jobs[p].finished_at for p in parents[job] if jobs[p].finished_at]
+        if not ends_of or len(ends_of) < len(parents[job]):
+            continue
+        first = min((starts[job, a][0]["t"] for a in attempts_of[job]), default=None)
+        then = first if first is not None else row.finished_at
+        if then is not None:
+            waits.append((then - max(ends_of), job))
+    waits.sort(reverse=True)
+
     # --- the totals
     statuses = Counter(row.status for row in jobs.values())
     paths_of = {job: [p for _, p in snap.failures.get(job, [])] for job in jobs}
@@ -717,11 +748,100 @@ def audit(
         "workflows failed by a fail policy": sum(
             1 for ended in snap.workflows.values() if ended == "failed"
         ),
+        # Not a figure: a job claimed as its workflow is marked ended may finish before
+        # the cancel of the rest reaches it (docs/workflows.md); more than a few is news.
+        "started after their workflow ended, never asked to stop": late_note(jobs, snap, starts),
+        "longest wait from the last dependency's end to the start (or end by policy)": (
+            f"{waits[0][0]:.1f}s (job {waits[0][1]}); over 5 s: {sum(w > 5 for w, _ in waits)}"
+            if waits
+            else "-"
+        ),
         "worker kills": kills,
         "ProcessDied failures": sum(paths.count(PROCESS_DIED) for paths in paths_of.values()),
         "completed but failed (ProcessDied)": sum(died_after_body.values()),
     }
-    return Report(figures, info)
+    report = Report(figures, info)
+    report.evidence = evidence(report, plan_of, snap, records, parents)
+    return report
+
+
+def evidence_jobs(line: str) -> list[int]:
+    match = re.match(r"  job (\d+) \(", line)
+    return [int(match.group(1))] if match else []
+
+
+def job_ids_in(value: Any) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [pk for item in value for pk in job_ids_in(item)]
+    return []
+
+
+def evidence(
+    report: Report,
+    plan_of: dict[int, NodePlan],
+    snap: Snapshot,
+    records: Records,
+    parents: dict[int, list[int]],
+) -> list[str]:
+    """What the rows and records say of the first jobs a figure over its bound names,
+    and of what they wait for: enough to write the reproduction down."""
+    wanted: list[int] = []
+    for f in report.over():
+        for example in f.examples[:3]:
+            for pk in job_ids_in(example):
+                if pk in snap.jobs and pk not in wanted:
+                    wanted.append(pk)
+    for pk in list(wanted):
+        wanted += [p for p in parents.get(pk, []) if p not in wanted]
+    children: dict[int, list[tuple[int, bool]]] = defaultdict(list)
+    for job, parent, settled in snap.edges:
+        children[parent].append((job, settled))
+    settled_of = {(job, parent): settled for job, parent, settled in snap.edges}
+    lines = []
+    for pk in wanted[:12]:
+        row, n = snap.jobs[pk], plan_of.get(pk)
+        where = f"graph {n.graph} node {n.index}" if n else "unplanned"
+        wf = row.workflow_id
+        lines.append(
+            f"  job {pk} ({where}): {row.status}, attempts {row.attempts}/{row.max_attempts}, "
+            f"policy {row.policy}, finished {row.finished_at}, cancel requested "
+            f"{row.cancel_requested}, workflow {wf} ended {snap.workflows.get(wf)} at "
+            f"{snap.ended_at.get(wf)}"
+        )
+        waits = [(p, settled_of[pk, p], snap.jobs[p].status) for p in parents.get(pk, [])]
+        lines.append(f"    waits for (job, settled, status): {waits}")
+        lines.append(f"    waited for by (job, settled): {children.get(pk, [])}")
+        lines.append(f"    errors: {snap.messages.get(pk, [])}")
+        bodies = [
+            (
+                attempt,
+                found[0]["pid"],
+                found[0]["t"],
+                [(e["t"], e["ok"]) for e in records.ends.get((job, attempt), [])],
+            )
+            for (job, attempt), found in records.starts.items()
+            if job == pk
+        ]
+        lines.append(f"    bodies (attempt, pid, start, ends): {sorted(bodies)}")
+    return lines
+
+
+def late_note(jobs: dict[int, JobRow], snap: Snapshot, starts: dict) -> str:
+    late = sorted(
+        {
+            job
+            for (job, _), found in starts.items()
+            if (row := jobs.get(job)) is not None
+            and row.workflow_id in snap.ended_at
+            and found[0]["t"] > snap.ended_at[row.workflow_id]
+            and not row.cancel_requested
+        }
+    )
+    return f"{len(late)}" + (f" (jobs {late[:10]})" if late else "")
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -764,6 +884,7 @@ class WorkflowStress:
         self.kill_notes: list[str] = []
         self.supervisor: Any = None
         self.due_since: float | None = None  # when the next kill became due
+        self.enqueue_deadlocks: list[str] = []
 
     def say(self, message: str) -> None:
         if self.config.progress:
@@ -807,13 +928,32 @@ class WorkflowStress:
                 self.killed[pid] = time.time()
                 os.kill(pid, signal.SIGKILL)
                 self.victims.append(process_id)
-                note = f"SIGKILL worker pid {pid} holding {claims} claims at {self.ended()} ended"
+                note = (
+                    f"SIGKILL worker pid {pid} holding {claims} claims at {self.ended()} "
+                    f"ended (t={self.killed[pid]:.3f})"
+                )
                 self.kill_notes.append(note)
                 self.say(note)
                 return
 
+    def enqueue(self, plan: GraphPlan) -> None:
+        """Enqueue a graph; one the database chose as a deadlock victim is enqueued again,
+        as the error says to (nothing of it was written), and counted: a figure."""
+        from django.db import OperationalError
+
+        for _ in range(5):
+            try:
+                enqueue_graph(plan, self.results)
+                return
+            except OperationalError as exc:
+                if "deadlock" not in str(exc).lower():
+                    raise
+                self.enqueue_deadlocks.append(f"graph {plan.number}: {str(exc).splitlines()[0]}")
+                self.say(f"the enqueue of graph {plan.number} was a deadlock's victim: again")
+        enqueue_graph(plan, self.results)
+
     def run(self) -> Report:
-        from django_jobs.models import ClaimedExecution, Process
+        from django_jobs.models import FINISHED_STATUSES, ClaimedExecution, JobDependency, Process
         from django_jobs.runtime.worker import unrecorded_bound
 
         config = self.config
@@ -822,6 +962,8 @@ class WorkflowStress:
             f"seed {config.seed}: {len(self.graphs)} graphs, {self.total} nodes, "
             f"{config.processes} processes x {config.threads} threads, {config.kills} kills"
         )
+        deadlocks_before = server_deadlocks()
+        watch = InnoDBDeadlocks() if connection.vendor == "mysql" else None
         began = time.monotonic()
         deadline = began + config.timeout
         self.supervisor = self.start(
@@ -839,25 +981,36 @@ class WorkflowStress:
                 time.sleep(0.05)
                 if time.monotonic() > deadline:
                     raise AssertionError(f"the backlog never came down ({self.unended()})")
-            enqueue_graph(plan, self.results)
+            self.enqueue(plan)
             if number % 5 == 0:
                 self.maybe_kill()
         enqueued = time.monotonic() - began
         self.say(f"enqueued in {enqueued:.1f}s; waiting for every job to end")
 
+        all_ended: list[float] = []
+
         def settled() -> bool:
             self.maybe_kill()
-            return (
-                self.unended() == 0
-                and not ClaimedExecution.objects.exists()
-                and not Process.objects.filter(pk__in=self.victims).exists()
-            )
+            if (
+                self.unended()
+                or ClaimedExecution.objects.exists()
+                or Process.objects.filter(pk__in=self.victims).exists()
+            ):
+                return False
+            all_ended[:] = all_ended or [time.monotonic()]
+            # A kill between a commit and its follow-up leaves the edges of what that
+            # commit ended by policy unsettled until the dispatcher's maintenance sweep
+            # (maintenance_interval, 60 s; docs/workflows.md "After a crash"): wait for it.
+            return not JobDependency.objects.filter(
+                settled=False, depends_on__status__in=FINISHED_STATUSES
+            ).exists()
 
         try:
             wait_until(settled, max(1.0, deadline - time.monotonic()), 0.2, "every job to end")
         except AssertionError as exc:
             self.say(f"not settled: {exc}")
         elapsed = time.monotonic() - began
+        swept_after = time.monotonic() - all_ended[0] if all_ended else None
         self.supervisor.send(signal.SIGTERM)
         code = self.supervisor.wait(60)
         output = self.supervisor.output()
@@ -871,17 +1024,38 @@ class WorkflowStress:
             config.kills,
             config.threads,
         )
+        deadlocks = server_deadlocks()
+        if deadlocks is not None and deadlocks_before is not None:
+            deadlocks -= deadlocks_before
+        seen = watch.stop() if watch is not None else []
         errors = [
             line[-300:]
             for line in output.splitlines()
             if " ERROR " in line and "job failed" not in line and "(code -9)" not in line
         ]
+        if report.evidence:
+            for pk in sorted({pk for line in report.evidence for pk in evidence_jobs(line)}):
+                said = [
+                    line[:260]
+                    for line in output.splitlines()
+                    if f"job={pk} " in line or f" {pk}: '" in line or f"#{pk} " in line
+                ]
+                report.evidence += [f"  log of job {pk}: {line}" for line in said[:6]]
         report.figures += [
             Figure("run_jobs exit code", abs(code)),
             Figure("deadlocks in the logs", output.lower().count("deadlock")),
+            # docs/design.md invariant 6: no deadlock (InnoDB's unique inserts apart).
+            Figure(
+                "workflow() enqueues a deadlock rolled back",
+                len(self.enqueue_deadlocks),
+                0,
+                self.enqueue_deadlocks,
+            ),
             Figure("tracebacks in the logs", output.count("Traceback (most recent call last)")),
             Figure("errors in the logs (not a job's, not a kill's)", len(errors), 0, errors),
         ]
+        if connection.vendor == "postgresql":  # counted per database: this run's
+            report.figures.append(Figure("deadlocks PostgreSQL counted", deadlocks or 0))
         # A kill between a commit and its follow-up (the next level of DependencyFailed,
         # core/dependencies.py) leaves that level to the dispatcher's maintenance sweep.
         swept = sum(int(n) for n in re.findall(r"settled (\d+) workflow step", output))
@@ -894,5 +1068,87 @@ class WorkflowStress:
             **report.info,
             "kills": "; ".join(self.kill_notes),
             "workflow steps the maintenance sweep settled (follow-ups lost with a kill)": swept,
+            "waited for the sweep, once every job had ended": "never ended"
+            if swept_after is None
+            else f"{swept_after:.1f}s",
         }
+        if watch is not None:
+            # InnoDB counts deadlocks for the whole server (other databases' tests too):
+            # the figure is those its status reported on this database, polled (at least
+            # that many). One whose victim was a follow-up (after a commit) is logged
+            # nowhere with DEBUG off: Django logs it on a logger nothing shows.
+            report.figures.append(
+                Figure("deadlocks InnoDB reported on this database (polled)", len(seen), 0, seen)
+            )
+            report.info["InnoDB deadlocks during the run (the whole server)"] = deadlocks
         return report
+
+
+def server_deadlocks() -> int | None:
+    """Deadlocks the server has counted: PostgreSQL's of this database, InnoDB's of the
+    whole server; None on SQLite (one writer at a time)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+            )
+            return int(cursor.fetchone()[0])
+        if connection.vendor == "mysql":
+            cursor.execute("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+            row = cursor.fetchone()
+            return int(row[1]) if row else None
+    return None
+
+
+class InnoDBDeadlocks:
+    """Polls ``SHOW ENGINE INNODB STATUS`` in a thread of its own and keeps each new
+    "latest detected deadlock" that names a table of this database, condensed to its
+    statements and its victim (InnoDB shows only the last one: polled, it sees at least
+    one of two that come within a poll)."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        import threading
+
+        self.interval = interval
+        self.found: list[str] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="innodb-deadlocks", daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        from django.db import connections
+
+        name = connection.settings_dict["NAME"]
+        last = None  # the deadlock shown when the watch began, older than the run
+        try:
+            while True:
+                with connections["default"].cursor() as cursor:
+                    cursor.execute("SHOW ENGINE INNODB STATUS")
+                    status = cursor.fetchone()[2]
+                section = ""
+                if "LATEST DETECTED DEADLOCK" in status:
+                    section = status.split("LATEST DETECTED DEADLOCK", 1)[1]
+                    section = section.split("\nTRANSACTIONS")[0]
+                if last is not None and section != last and f"`{name}`." in section:
+                    self.found.append(condensed(section))
+                last = section
+                if self.stopping.wait(self.interval):
+                    break
+        except Exception as exc:  # no PROCESS privilege, say: said, not hidden
+            self.found.append(f"could not read InnoDB's status: {exc}")
+        finally:
+            connections["default"].close()
+
+    def stop(self) -> list[str]:
+        self.stopping.set()
+        self.thread.join(30)
+        return self.found
+
+
+def condensed(section: str) -> str:
+    """A deadlock of InnoDB's status: when, each transaction's statement, the victim."""
+    keep = []
+    for line in section.splitlines():
+        if line.startswith(("20", "UPDATE", "DELETE", "INSERT", "SELECT", "*** WE ROLL")):
+            keep.append(line.strip()[:300])
+    return " | ".join(keep)
