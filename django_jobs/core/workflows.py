@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Max
+from django.db.models import Count, Exists, Max, OuterRef
 from django.tasks import Task, TaskResult, task_backends
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
@@ -372,13 +372,29 @@ def cancel_workflow(workflow: int | WorkflowResult, *, using: str | None = None)
 
 
 def end_workflow(db: str, workflow_id: int, ending: str) -> int:
-    """Mark the workflow ended (in a transaction of its own, first: a job that ends
-    while the rest is cancelled sees the mark and releases nothing), then cancel the
-    rest."""
-    with transaction.atomic(using=db):
-        Workflow.objects.using(db).filter(pk=workflow_id, ended_as__isnull=True).update(
-            ended_as=ending, ended_at=timezone.now()
-        )
+    """Mark the workflow ended (in a statement of its own, first: a job that ends while
+    the rest is cancelled sees the mark and releases nothing), then cancel the rest.
+
+    Only a workflow with a job not ended yet is marked: one whose last job has just
+    ended keeps the state its jobs give it (0 is returned). The check is part of the
+    marking statement, so only a job ending in the same instant can still slip by.
+    """
+    unfinished = (
+        Job.objects.using(db)
+        .filter(workflow_id=OuterRef("pk"))
+        .exclude(status__in=FINISHED_STATUSES)
+    )
+    marked = (
+        Workflow.objects.using(db)
+        .filter(pk=workflow_id, ended_as__isnull=True)
+        .filter(Exists(unfinished))
+        .update(ended_as=ending, ended_at=timezone.now())
+    )
+    if (
+        not marked
+        and not Workflow.objects.using(db).filter(pk=workflow_id, ended_as__isnull=False).exists()
+    ):
+        return 0
     return cancel_rest(db, workflow_id)
 
 
