@@ -6,12 +6,14 @@ Run from the repository root. ``DATABASE_URL`` picks the database (default: a
 SQLite file in /tmp), e.g. ``postgres://postgres@127.0.0.1:5432/jobs_bench``.
 
 Plants ``--jobs`` jobs once, in the mix of a busy queue (most finished, a
-backlog waiting, some blocked on concurrency keys, a few running), then times
-each jobs admin page: the median of ``--repeat`` requests after one warm-up,
-with its SQL query count and slowest query. The peer is a stock ``ModelAdmin``
-over the same ``Job`` table, written the way projects usually write one (field
-list filters, full ``COUNT(*)``), served by the same process in the same run,
-so the ratio between the two is the figure to read on a noisy machine.
+backlog waiting, some blocked on concurrency keys, a few running), and workflows
+beside them (fan-out/fan-in graphs, one per 1,000 jobs, and one of 250 jobs whose
+page is timed: drawn, near the graph's cap of 300), then times each jobs admin
+page: the median of ``--repeat`` requests after one warm-up, with its SQL query
+count and slowest query. The peer is a stock ``ModelAdmin`` over the same
+``Job`` table, written the way projects usually write one (field list filters,
+full ``COUNT(*)``), served by the same process in the same run, so the ratio
+between the two is the figure to read on a noisy machine.
 Figures are printed, never asserted; only a page that fails makes the exit
 status non-zero.
 """
@@ -57,16 +59,20 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.urls import path  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from django_jobs.core.dependencies import DEPENDENCY_FAILED_ERROR  # noqa: E402
 from django_jobs.models import (  # noqa: E402
+    AwaitingExecution,
     BlockedExecution,
     ClaimedExecution,
     FailedExecution,
     Job,
+    JobDependency,
     JobStatus,
     Process,
     ReadyExecution,
     ScheduledExecution,
     Semaphore,
+    Workflow,
 )
 
 # --- the planted data ------------------------------------------------------------------
@@ -115,6 +121,17 @@ TRACEBACK = (
 )
 
 Spec = tuple[str, str | None]  # (status, concurrency key) of one job, in id order
+
+# Workflows: a root, WORKFLOW_WIDTH jobs after it, a join after all of them. One per
+# WORKFLOW_EVERY planted jobs (at least 20), created over the week: most succeeded, some
+# running (half the middle ready, the join awaiting), some failed (a middle job failed,
+# the join ended by it). Then the one whose page is timed: running, BIG_WORKFLOW jobs, as
+# wide as a page draws (admin/graph.py draws up to 300).
+WORKFLOW_WIDTH = 6
+WORKFLOW_EVERY = 1_000
+WORKFLOW_MIX = {"succeeded": 0.85, "running": 0.10, "failed": 0.05}
+BIG_WORKFLOW = 250
+WORKFLOW_TASKS = ("bench.tasks.fetch_feed", "bench.tasks.parse_chunk", "bench.tasks.merge_parts")
 
 
 def status_counts(total: int) -> dict[str, int]:
@@ -296,6 +313,116 @@ def plant(total: int, seed: int = 7) -> float:
             insert_jobs(jobs)
             bulk_insert_mixed(execution_rows(jobs, workers))
     return time.perf_counter() - began
+
+
+def workflow_shape(outcome: str, width: int) -> tuple[list[str], str]:
+    """The statuses of a workflow's root and middle jobs, and its join's, for ``outcome``."""
+    middle = [JobStatus.SUCCEEDED] * width
+    if outcome == "running":
+        middle[width // 2 :] = [JobStatus.READY] * (width - width // 2)
+        return [JobStatus.SUCCEEDED, *middle], JobStatus.AWAITING
+    if outcome == "failed":
+        middle[-1] = JobStatus.FAILED
+        return [JobStatus.SUCCEEDED, *middle], JobStatus.FAILED
+    return [JobStatus.SUCCEEDED, *middle], JobStatus.SUCCEEDED
+
+
+def workflow_jobs(workflow: Workflow, outcome: str, width: int, rng: random.Random) -> list[Job]:
+    """A workflow's jobs, root first and join last, their times after its creation."""
+    heads, join = workflow_shape(outcome, width)
+    jobs = []
+    for index, status in enumerate([*heads, join]):
+        task = WORKFLOW_TASKS[0 if index == 0 else 2 if index == len(heads) else 1]
+        job = Job(
+            task_path=task,
+            queue_name="default",
+            status=status,
+            enqueued_at=workflow.created_at,
+            args=[index],
+            kwargs={"source": "bench"},
+            workflow=workflow,
+        )
+        ran = status == JobStatus.SUCCEEDED or (status == JobStatus.FAILED and index < len(heads))
+        if ran:
+            started = workflow.created_at + timedelta(seconds=index + rng.uniform(0, 1))
+            job.started_at = job.last_attempted_at = started
+            job.finished_at = started + timedelta(seconds=rng.uniform(0.05, 2))
+            job.attempts = 1
+            job.worker_ids = [f"{PROCESS_PREFIX}worker-{rng.randrange(WORKERS)}"]
+            job.return_value = {"ok": True} if status == JobStatus.SUCCEEDED else None
+        elif status == JobStatus.FAILED:  # the join, ended by its failed dependency
+            job.finished_at = max(j.finished_at for j in jobs if j.finished_at)
+        jobs.append(job)
+    return jobs
+
+
+def workflow_rows(jobs: list[Job]) -> list[models.Model]:
+    """The edges (middle jobs after the root, the join after them), settled once their
+    dependency succeeded, and the execution or error row each job's status implies."""
+    root, *middle, join = jobs
+    edges = [(child, [root]) for child in middle] + [(join, middle)]
+    rows: list[models.Model] = []
+    for child, parents in edges:
+        for position, parent in enumerate(parents):
+            done = parent.status == JobStatus.SUCCEEDED
+            rows.append(
+                JobDependency(job=child, depends_on=parent, position=position, settled=done)
+            )
+    remaining = sum(parent.status != JobStatus.SUCCEEDED for parent in middle)
+    for job in jobs:
+        common = {"job_id": job.pk, "queue_name": job.queue_name}
+        if job.status == JobStatus.READY:
+            rows.append(ReadyExecution(**common, created_at=job.enqueued_at))
+        elif job.status == JobStatus.AWAITING:
+            rows.append(AwaitingExecution(**common, remaining=remaining))
+        elif job.status == JobStatus.FAILED and job is join:
+            failed = next(parent for parent in middle if parent.status == JobStatus.FAILED)
+            rows.append(
+                FailedExecution(
+                    job_id=job.pk,
+                    attempt=0,
+                    exception_class_path=DEPENDENCY_FAILED_ERROR,
+                    message=f"dependency #{failed.pk} failed",
+                    failed_at=job.finished_at,
+                )
+            )
+        elif job.status == JobStatus.FAILED:
+            rows.append(failure(job))
+    return rows
+
+
+def plant_workflows(total: int, seed: int = 13) -> int:
+    """Plant the workflows beside ``total`` jobs; returns the id of the one timed."""
+    rng = random.Random(seed)
+    now = timezone.now()
+    count = max(20, total // WORKFLOW_EVERY)
+    plan = [
+        (outcome, WORKFLOW_WIDTH)
+        for outcome, share in WORKFLOW_MIX.items()
+        for _ in range(round(count * share))
+    ]
+    rng.shuffle(plan)
+    plan.append(("running", BIG_WORKFLOW - 2))
+    with transaction.atomic():
+        for index, (outcome, width) in enumerate(plan):
+            created = now - HISTORY + HISTORY * (index / len(plan))
+            if outcome == "running":  # still going: created in the last hour
+                created = now - timedelta(minutes=rng.uniform(1, 60))
+            workflow = Workflow.objects.create(name=f"import {index}", created_at=created)
+            jobs = workflow_jobs(workflow, outcome, width, rng)
+            insert_jobs(jobs)
+            bulk_insert_mixed(workflow_rows(jobs))
+    return workflow.pk
+
+
+def ensure_workflows(total: int) -> int:
+    """Plant the workflows unless some are there; returns the id of the one timed."""
+    if not Workflow.objects.exists():
+        print("planting workflows ...", flush=True)
+        plant_workflows(total)
+        analyze()
+    timed = Workflow.objects.annotate(size=models.Count("jobs")).filter(size=BIG_WORKFLOW)
+    return timed.order_by("-pk").values_list("pk", flat=True).first()
 
 
 def jobs_tables() -> list[str]:
@@ -482,7 +609,7 @@ def measure(client: Client, results: list[PageResult], repeat: int) -> None:
                 time_once(client, result)
 
 
-def pages(failed_job_id: int | None) -> list[tuple[str, str, str]]:
+def pages(failed_job_id: int | None, workflow_id: int | None) -> list[tuple[str, str, str]]:
     """(site, name, url) of every page timed; names shared by both sites are compared."""
     ours = "/admin/django_jobs"
     stock = "/stock/django_jobs"
@@ -497,6 +624,8 @@ def pages(failed_job_id: int | None) -> list[tuple[str, str, str]]:
         ("ours", "blocked keys", f"{ours}/blockedkey/"),
         ("ours", "stuck jobs", f"{ours}/stuckjob/"),
         ("ours", "processes", f"{ours}/process/"),
+        ("ours", "workflows", f"{ours}/workflow/"),
+        ("ours", f"workflow page, {BIG_WORKFLOW} jobs", f"{ours}/workflow/{workflow_id}/change/"),
         ("stock", "job list", f"{stock}/job/"),
         ("stock", "job list, failed", f"{stock}/job/?status=failed"),
         ("stock", "job list, queue emails", f"{stock}/job/?queue_name=emails"),
@@ -533,10 +662,13 @@ def print_header(requested: int, repeat: int) -> None:
         ReadyExecution,
         ScheduledExecution,
         BlockedExecution,
+        AwaitingExecution,
         ClaimedExecution,
         FailedExecution,
         Semaphore,
         Process,
+        Workflow,
+        JobDependency,
     )
     name = settings.DATABASES["default"]["NAME"]
     print(f"database: {connection.vendor} {server_version()} ({name})")
@@ -631,10 +763,13 @@ def main() -> int:
     options = parse_args()
     call_command("migrate", interactive=False, verbosity=0)
     ensure_jobs(options.jobs, options.fresh)
-    failed = Job.objects.filter(status=JobStatus.FAILED).order_by("-pk").first()
+    workflow_id = ensure_workflows(options.jobs)
+    failed = (
+        Job.objects.filter(status=JobStatus.FAILED, workflow__isnull=True).order_by("-pk").first()
+    )
     client = logged_in_client()
     with override_settings(ROOT_URLCONF="bench_urls"):
-        results = [PageResult(*page) for page in pages(failed.pk if failed else None)]
+        results = [PageResult(*page) for page in pages(failed.pk if failed else None, workflow_id)]
         measure(client, results, options.repeat)
     print_header(options.jobs, options.repeat)
     print_table(results)
