@@ -133,7 +133,8 @@ def discard_jobs(db: str, job_ids: Iterable[int]) -> int:
 
 
 def discard(db: str, job_id: int) -> bool:
-    """Discard a waiting (ready, scheduled, blocked) or failed job; never a claimed one."""
+    """Discard a waiting (ready, scheduled, blocked, awaiting) or failed job; never a
+    claimed one."""
     if discard_job(db, job_id):
         return True
     # A failed job has no execution row and holds no slot: only its status changes.
