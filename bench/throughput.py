@@ -20,12 +20,14 @@ second peer, through the same enqueue, drain and latency. Phase "limit"
 printed as a share of that ceiling. Phase "concurrent" compares ours with ours
 (PostgreSQL only): N concurrent enqueuing processes with LISTEN/NOTIFY on
 against off; phase "prefix" times concurrent claims with a ``reports*``
-selector against ``*``. The table prints each figure of ours with its ratio
-against each peer's, > 1 meaning ours is better (rates: ours / peer; times and
-memory: peer / ours). The machine is noisy: read the ratios, not absolute
-figures. Figures are printed, never asserted; a phase that fails (a worker
-dies, a job fails, the queue stalls) ends the run non-zero, with every worker
-stopped.
+selector against ``*``; phase "workflow" enqueues and drains N no-op jobs as
+one workflow, a fan-out then a fan-in, against ``bulk_enqueue()`` and a plain
+drain of N (ours against ours, every database). The table prints each figure
+of ours with its ratio against each peer's, > 1 meaning ours is better (rates:
+ours / peer; times and memory: peer / ours). The machine is noisy: read the
+ratios, not absolute figures. Figures are printed, never asserted; a phase
+that fails (a worker dies, a job fails, the queue stalls) ends the run
+non-zero, with every worker stopped.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ PHASES = (
     "drain",
     "keyed",
     "rated",
+    "workflow",
     "procrastinate",
     "latency",
     "claims",
@@ -94,6 +97,9 @@ PIECES = 10  # timed pieces of the in-process rates, whose median is reported
 # The limit drains N jobs in well under a second: its figure is the median of this many drains.
 LIMIT_DRAINS = 3
 DEFAULT_THREADS = 8  # run_jobs --threads; --processes defaults to the CPU count
+# Rounds of each enqueue (bulk, workflow), alternated, in phase "workflow"; the median counts.
+WORKFLOW_ENQUEUES = 3
+WORKFLOW_NAME = "bench fan-out/in"
 
 
 @dataclass(frozen=True)
@@ -202,11 +208,13 @@ from django_tasks_db.models import DBTaskResult, get_date_max  # noqa: E402
 from django_tasks_db.utils import exclusive_transaction  # noqa: E402
 
 from bench.tasks import noop, noop_keyed, noop_rated, peer_noop  # noqa: E402
+from django_jobs import bulk_enqueue, workflow  # noqa: E402
 from django_jobs.backend import JobsBackend  # noqa: E402
 from django_jobs.conf import JobsSettings  # noqa: E402
 from django_jobs.core.processes import register_process  # noqa: E402
 from django_jobs.core.queues import QueueSelector  # noqa: E402
 from django_jobs.core.ready import claim_jobs  # noqa: E402
+from django_jobs.core.workflows import WorkflowResult  # noqa: E402
 from django_jobs.models import FINISHED_STATUSES, Job, JobStatus, Process, ReadyExecution  # noqa: E402
 from tests.harness import create_server_database  # noqa: E402
 
@@ -1523,6 +1531,191 @@ def drain_against_plain(
         run.report.checks.append(Check(f"{name}_over_plain", check, ratio, target))
 
 
+# --- a workflow: fan-out then fan-in, against bulk enqueue and a plain drain (ours only) --
+
+
+def enqueue_workflow(count: int) -> tuple[WorkflowResult, float]:
+    """``count`` no-op jobs as one workflow: a root, ``count - 2`` nodes after it, a sink
+    after all of those. Returns its result and the seconds the block's body took (adding
+    the nodes); the rest is the enqueue at the block's end, in one transaction."""
+    began = time.perf_counter()
+    with workflow(WORKFLOW_NAME) as wf:
+        root = wf.add(noop)
+        middle = [wf.add(noop, after=[root]) for _ in range(count - 2)]
+        wf.add(noop, after=middle)
+        added = time.perf_counter() - began
+    assert wf.result is not None
+    return wf.result, added
+
+
+def workflow_enqueues(ours: Ours, count: int, rounds: int) -> dict[str, Any]:
+    """Seconds to enqueue ``count`` no-op jobs with ``django_jobs.bulk_enqueue()`` and as
+    one fan-out/in workflow, in-process, each from empty tables, after a warm-up of 10
+    of each; ``rounds`` of each, alternated (bulk first, then workflow first, ...) so
+    that a drift of the machine's load weighs on both alike. The medians count."""
+    times: dict[str, list[float]] = {"bulk": [], "workflow": [], "adding": []}
+
+    def bulk(n: int) -> float:
+        reset_tables()
+        began = time.perf_counter()
+        bulk_enqueue([(noop, (), {})] * n)
+        return time.perf_counter() - began
+
+    def flow(n: int) -> tuple[float, float]:
+        reset_tables()
+        began = time.perf_counter()
+        _, added = enqueue_workflow(n)
+        return time.perf_counter() - began, added
+
+    bulk(10)  # the warm-up: first plans, first imports
+    flow(10)
+    for n in range(rounds):
+        for kind in ("bulk", "workflow") if n % 2 == 0 else ("workflow", "bulk"):
+            if kind == "bulk":
+                times["bulk"].append(bulk(count))
+            else:
+                took, added = flow(count)
+                times["workflow"].append(took)
+                times["adding"].append(added)
+            check_rows(ours, count)
+    reset_tables()
+    return {
+        **{f"{kind}_s": values for kind, values in times.items()},
+        **{f"{kind}_median_s": statistics.median(values) for kind, values in times.items()},
+    }
+
+
+def workflow_stages(result: WorkflowResult) -> dict[str, float]:
+    """Where a drained fan-out/in workflow's time went, from its rows: the root's run,
+    its end to the first fanned-out start (the root's finish releases them all), the
+    fanned-out nodes from first start to last finish, that finish to the sink's start
+    (the last of them releases it), the sink's run."""
+    ids = [int(r.id) for r in result.results]
+    root, sink = ids[0], ids[-1]
+    rows = {
+        pk: (started, finished)
+        for pk, started, finished in Job.objects.filter(pk__in=[root, sink]).values_list(
+            "pk", "started_at", "finished_at"
+        )
+    }
+    middle = Job.objects.filter(workflow_id=result.id).exclude(pk__in=[root, sink])
+    span = middle.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    seconds = lambda a, b: (b - a).total_seconds()  # noqa: E731
+    fanned = seconds(span["first"], span["last"])
+    return {
+        "root_run_s": seconds(*rows[root]),
+        "fan_out_s": seconds(rows[root][1], span["first"]),
+        "middle_s": fanned,
+        "middle_rate": (len(ids) - 2) / fanned if fanned else 0.0,
+        "fan_in_s": seconds(span["last"], rows[sink][0]),
+        "sink_run_s": seconds(*rows[sink]),
+    }
+
+
+def phase_workflow(run: Run) -> None:
+    """Workflows' cost: enqueueing ``--jobs`` no-op jobs as one fan-out/in workflow (a
+    root, ``--jobs`` - 2 nodes after it, a sink after all of those) against
+    ``bulk_enqueue()`` of as many; draining it with the drain phase's workers against a
+    plain drain of as many, from the drain phase of this run (else measured here)."""
+    count, ours = run.sizes.jobs, run.ours
+    rounds = 1 if OPTIONS.smoke else WORKFLOW_ENQUEUES
+    progress(
+        f"workflow: 1 root, {count - 2:,} nodes after it, 1 sink after those; enqueue against "
+        f"bulk_enqueue() of {count:,} ({rounds} round(s) each), then drained by "
+        f"{ours.processes} x {ours.threads} threads"
+    )
+    enqueues = workflow_enqueues(ours, count, rounds)
+    plain, source = run.plain_drain, "drain phase"
+    if plain is None:
+        progress(f"workflow: no plain drain in this run yet, draining {count:,} no-op jobs")
+        plain = drain(ours, count, lambda: ours.enqueue_many(count), run.log_dir, "ours-plain")
+        run.plain_drain, source = plain, "measured in this phase"
+    enqueued: list[WorkflowResult] = []
+    result = drain(
+        ours,
+        count,
+        lambda: enqueued.append(enqueue_workflow(count)[0]),
+        run.log_dir,
+        "ours-workflow",
+    )
+    (flow,) = enqueued
+    status = flow.status
+    if status != "succeeded":
+        raise RuntimeError(f"workflow {flow.id} drained but is {status}")
+    stages = workflow_stages(flow)
+    bulk_s, flow_s = enqueues["bulk_median_s"], enqueues["workflow_median_s"]
+    median = f"median of {rounds}" if rounds > 1 else "one round"
+
+    def each(kind: str) -> str:
+        return f"{median}: {', '.join(f'{t:.2f}' for t in enqueues[f'{kind}_s'])} s"
+
+    run.report.figures += [
+        Figure(
+            "workflow_bulk_enqueue",
+            f"bulk_enqueue(), {count:,} jobs",
+            "s",
+            bulk_s,
+            None,
+            False,
+            f"{each('bulk')}; the workflow's reference",
+        ),
+        Figure(
+            "workflow_enqueue",
+            f"enqueue {count:,}-node workflow",
+            "s",
+            flow_s,
+            None,
+            False,
+            f"{each('workflow')}; {enqueues['adding_median_s']:.2f} s of it in wf.add()",
+        ),
+        Figure(
+            "workflow_drain_rate",
+            "drain fan-out/in workflow",
+            "jobs/s",
+            result.rate,
+            None,
+            note=(
+                f"plain drain {number(plain.rate)} jobs/s ({source}); fan-out "
+                f"{stages['fan_out_s']:.2f} s, {count - 2:,} at "
+                f"{number(stages['middle_rate'])} jobs/s, fan-in {stages['fan_in_s']:.2f} s"
+            ),
+        ),
+        Figure(
+            "workflow_drain_wall",
+            "workflow drain wall time",
+            "s",
+            result.wall_s,
+            None,
+            False,
+            f"commit→sink finished; plain drain {plain.wall_s:.1f} s",
+        ),
+    ]
+    run.report.shares.append(
+        Share("workflow_drain_ours", "ours, drain fan-out/in workflow", result.rate, "drain")
+    )
+    run.report.checks += [
+        Check(
+            "workflow_enqueue_over_bulk",
+            "ours: workflow enqueue time / bulk_enqueue",
+            flow_s / bulk_s,
+            "<= 2.00",
+        ),
+        Check(
+            "workflow_drain_over_plain",
+            "ours: workflow drain / plain drain",
+            result.rate / plain.rate,
+            ">= 0.50",
+        ),
+    ]
+    run.report.details["workflow"] = {
+        "enqueue": enqueues,
+        "drain": asdict(result),
+        "stages": stages,
+        "plain_drain": asdict(plain),
+        "plain_drain_from": source,
+    }
+
+
 def phase_latency(run: Run) -> None:
     sizes = run.sizes
     progress(f"latency: {sizes.latency_samples:,} jobs each")
@@ -1818,6 +2011,7 @@ PHASE_RUNNERS: dict[str, Callable[[Run], None]] = {
     "drain": phase_drain,
     "keyed": phase_keyed,
     "rated": phase_rated,
+    "workflow": phase_workflow,
     "latency": phase_latency,
     "claims": phase_claims,
     "limit": phase_limit,
@@ -1967,6 +2161,12 @@ def print_header(info: dict[str, Any], sizes: Sizes) -> None:
         f"per LISTEN/NOTIFY setting"
     )
     print("bulk enqueue of the peer: it has no bulk API; enqueue() in a loop in one atomic()")
+    if "workflow" in info["phases"]:
+        print(
+            f"workflow: noop as 1 root, {sizes.jobs - 2:,} nodes after it, 1 sink after all of "
+            f"those; workflow() against django_jobs.bulk_enqueue() of {sizes.jobs:,}, "
+            "in-process, alternated; drained by ours' workers as above"
+        )
     limit, procrastinate = info["limit"], info["procrastinate"]
     if "limit" in info["phases"] and connection.vendor == "postgresql":
         print(
@@ -2001,6 +2201,8 @@ def resolve_sizes(options: argparse.Namespace, threads: int) -> Sizes:
         raise SystemExit("--ready must hold at least --claims + --claim-batch jobs")
     if sizes.latency_samples < 2:
         raise SystemExit("--latency-samples must be at least 2")
+    if sizes.jobs < 3:
+        raise SystemExit("--jobs must be at least 3 (the workflow: root, fan-out, sink)")
     return sizes
 
 
