@@ -318,12 +318,14 @@ def end_cancelled(db: str, jobs: list[Job], keys: Iterable[str | None]) -> None:
     JobCancelled. Then the slots of ``keys`` (the deleted claims' concurrency keys)
     are freed and the jobs' batches counted, in docs/design.md section 4's order."""
     now = timezone.now()
-    for job in jobs:
-        record_cancelled(db, job.pk, job.attempts, now, "cancelled before it started")
     if jobs:
+        # The rows before their error rows (whose foreign key check, on InnoDB, takes a
+        # shared lock this UPDATE would have to upgrade).
         Job.objects.using(db).filter(pk__in=[job.pk for job in jobs]).update(
             status=JobStatus.FAILED, finished_at=now, unique_lock=None
         )
+    for job in jobs:
+        record_cancelled(db, job.pk, job.attempts, now, "cancelled before it started")
     release_slots(db, {key for key in keys if key})
     ended = settle_ended(db, {job.pk: False for job in jobs})
     count_outcomes(db, merge_outcomes(batch_failures(jobs), ended))

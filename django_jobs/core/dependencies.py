@@ -508,6 +508,12 @@ def end_dependents(db: str, jobs: list[Job], why: Mapping[int, str]) -> None:
     ``DependencyFailed`` error, no attempt, no cancel request (so a retry of the failed
     dependency can bring them back)."""
     now = timezone.now()
+    # The jobs' rows first: on InnoDB the error rows' foreign key check takes a shared
+    # lock on each, which an UPDATE after it would have to upgrade (a deadlock with
+    # anyone asking for the row in between, a cancel say).
+    Job.objects.using(db).filter(pk__in=[job.pk for job in jobs]).update(
+        status=JobStatus.FAILED, finished_at=now, unique_lock=None
+    )
     FailedExecution.objects.using(db).bulk_create(
         [
             FailedExecution(
@@ -519,9 +525,6 @@ def end_dependents(db: str, jobs: list[Job], why: Mapping[int, str]) -> None:
             )
             for job in jobs
         ]
-    )
-    Job.objects.using(db).filter(pk__in=[job.pk for job in jobs]).update(
-        status=JobStatus.FAILED, finished_at=now, unique_lock=None
     )
     for job in jobs:
         job.status, job.finished_at = JobStatus.FAILED, now

@@ -198,11 +198,13 @@ def end_waiting_job(
         if not deleted:
             return False
         now = timezone.now()
-        if record is not None:
-            record(attempts, now)
+        # The job's row before its error row: on InnoDB that row's foreign key check
+        # takes a shared lock on the job, which this UPDATE would then have to upgrade.
         Job.objects.using(db).filter(pk=job_id).update(
             status=status, finished_at=now, unique_lock=None
         )
+        if record is not None:
+            record(attempts, now)
         if key:
             admission.reconcile_key(db, key)
         # What waits for it meets its policy (after the semaphore, before the batch).
@@ -222,13 +224,7 @@ def cancel_job(db: str, job_id: int) -> str:
     retried. Raises :class:`JobNotFound` for an unknown id and
     :class:`JobAlreadyFinished` for a job that has ended (nothing is changed either way).
     """
-    requested = (
-        Job.objects.using(db)
-        .filter(pk=job_id)
-        .exclude(status__in=FINISHED_STATUSES)
-        .update(cancel_requested_at=Coalesce(F("cancel_requested_at"), timezone.now()))
-    )
-    if not requested:
+    if not request_cancel(db, job_id):
         status = Job.objects.using(db).filter(pk=job_id).values_list("status", flat=True).first()
         if status is None:
             raise JobNotFound(f"no job with id {job_id}")
@@ -243,6 +239,17 @@ def cancel_job(db: str, job_id: int) -> str:
         return CANCELLED
     notify.cancel_requested(db, job_id)  # once committed: its worker checks now, not at its poll
     return REQUESTED
+
+
+def request_cancel(db: str, job_id: int) -> bool:
+    """Write the cancel request of a job that has not ended (kept if one was written
+    before); False if it has ended or does not exist."""
+    return bool(
+        Job.objects.using(db)
+        .filter(pk=job_id)
+        .exclude(status__in=FINISHED_STATUSES)
+        .update(cancel_requested_at=Coalesce(F("cancel_requested_at"), timezone.now()))
+    )
 
 
 def cancel_waiting(db: str, job_id: int, attempts: int, now: datetime) -> None:

@@ -179,7 +179,7 @@ def record_claims(
     jobs that can start at claim (``worker_id`` given); the jobs, in claim order."""
     ids = [job_id for job_id, _ in picked]
     seam = ops(db)
-    jobs = seam.read_jobs(db, ids)
+    jobs = seam.read_jobs(db, ids, lock=True)
     now = timezone.now()
     seam.insert_claims(db, process_id, [(jobs[job_id], queue) for job_id, queue in picked], now)
     seam.delete_executions(db, ReadyExecution, ids)

@@ -6,6 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_jobs.core.admission import admit_jobs
+from django_jobs.db import ops
 from django_jobs.models import Job, ScheduledExecution
 
 
@@ -25,7 +26,8 @@ def promote_due_jobs(db: str, batch_size: int) -> int:
         )
         if not due_ids:
             return 0
-        ScheduledExecution.objects.using(db).filter(job_id__in=due_ids).delete()
+        # By primary key where a DELETE ... IN would scan rows others hold (MariaDB).
+        ops(db).delete_executions(db, ScheduledExecution, due_ids)
         jobs = list(Job.objects.using(db).filter(pk__in=due_ids))
         admit_jobs(db, jobs)
     return len(due_ids)
@@ -46,6 +48,6 @@ def promote_jobs(db: str, job_ids: list[int]) -> int:
         )
         if not due_ids:
             return 0
-        ScheduledExecution.objects.using(db).filter(job_id__in=due_ids).delete()
+        ops(db).delete_executions(db, ScheduledExecution, due_ids)
         admit_jobs(db, list(Job.objects.using(db).filter(pk__in=due_ids)))
     return len(due_ids)

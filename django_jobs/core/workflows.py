@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import OperationalError, connections, transaction
 from django.db.models import Count, Exists, Max, OuterRef
 from django.tasks import Task, TaskResult, task_backends
 from django.tasks.exceptions import InvalidTask
@@ -28,7 +28,9 @@ from django_jobs.core import dependencies
 from django_jobs.core.batches import CALLBACK_NAMES, backend_of, callback_spec, current_job_id
 from django_jobs.core.dependencies import Graph, dependency_ids
 from django_jobs.core.enqueue import bulk_enqueue
-from django_jobs.exceptions import InvalidDependency
+from django_jobs.core.operator import cancel_job, request_cancel
+from django_jobs.core.uniqueness import retry_after
+from django_jobs.exceptions import InvalidDependency, JobAlreadyFinished, JobNotFound
 from django_jobs.models import FINISHED_STATUSES, Batch, Job, JobStatus, Workflow
 from django_jobs.tasks.job_task import (
     ON_DEPENDENCY_FAILURE_CHOICES,
@@ -235,8 +237,40 @@ class WorkflowBuilder:
         for index, policy in self.policies.items():
             graph.policies[position[index]] = policy
         calls = [self.calls[index] for index in order]
+        connection = connections[db]
+        own_transaction = connection.get_autocommit() and not connection.in_atomic_block
+        attempt = 1
+        while True:
+            try:
+                results, batches = self.write(db, backend, calls, graph, position)
+                break
+            except OperationalError as exc:
+                # A deadlock victim, all of it rolled back: when the transaction was this
+                # call's own, it runs again (as bulk_enqueue does, which cannot here: it
+                # runs inside this block, with the batches).
+                if not retry_after(exc, attempt, own_transaction=own_transaction):
+                    raise
+            attempt += 1
+        self.results = [results[position[index]] for index in range(len(self.calls))]
+        self.batch_ids = [batch.pk for batch in batches]
+        assert graph.workflow_id is not None
+        self.result = WorkflowResult(
+            id=graph.workflow_id, name=self.name, database=db, results=list(self.results)
+        )
+        return self.result
+
+    def write(
+        self,
+        db: str,
+        backend: Any,
+        calls: list[tuple[Task, tuple[Any, ...], dict[str, Any]]],
+        graph: Graph,
+        position: dict[int, int],
+    ) -> tuple[list[TaskResult], list[Batch]]:
+        """One try: the batch rows, then every call, in one transaction."""
         with transaction.atomic(using=db):
             batches = []
+            graph.batches.clear()
             for spec in self.batch_specs:
                 batch = Batch.objects.using(db).create(
                     description=spec.description,
@@ -249,14 +283,7 @@ class WorkflowBuilder:
                 batches.append(batch)
                 for index in spec.items:
                     graph.batches[position[index]] = batch
-            results = bulk_enqueue(backend, calls, graph=graph)
-        self.results = [results[position[index]] for index in range(len(self.calls))]
-        self.batch_ids = [batch.pk for batch in batches]
-        assert graph.workflow_id is not None
-        self.result = WorkflowResult(
-            id=graph.workflow_id, name=self.name, database=db, results=list(self.results)
-        )
-        return self.result
+            return bulk_enqueue(backend, calls, graph=graph), batches
 
 
 def topological_order(
@@ -399,13 +426,17 @@ def end_workflow(db: str, workflow_id: int, ending: str) -> int:
 
 
 def cancel_rest(db: str, workflow_id: int) -> int:
-    """Cancel every job of a workflow that has not ended, each in its own transaction
-    (``cancel_job``: a waiting job ends now, a running one is asked to stop). Returns
-    how many had not ended: each is now ended, or asked to stop, by this or by the end
-    of a job it waited for (which ends what waits for it, the workflow having ended)."""
-    from django_jobs.core.operator import cancel_job
-    from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
+    """Cancel every job of a workflow that has not ended. Returns how many had not
+    ended: each is now ended, or asked to stop, by this or by the end of a job it
+    waited for (which ends what waits for it, the workflow having ended).
 
+    First every job's cancel request (one short statement each, ascending, as
+    ``cancel_job`` writes it): from then on a worker that claims one of them ends it
+    before its body begins. Then each is cancelled in its own transaction
+    (``cancel_job``: a waiting job ends now, a running one is asked to stop). One
+    statement for all the requests would lock the rows in its scan's order against
+    claims locking them in theirs.
+    """
     ids = list(
         Job.objects.using(db)
         .filter(workflow_id=workflow_id)
@@ -413,6 +444,8 @@ def cancel_rest(db: str, workflow_id: int) -> int:
         .order_by("pk")
         .values_list("pk", flat=True)
     )
+    for job_id in ids:
+        request_cancel(db, job_id)
     for job_id in ids:
         try:
             cancel_job(db, job_id)

@@ -123,14 +123,26 @@ class Operations:
     # queries (a ``CASE`` per return value, in ``bulk_update``) cost more CPU than the
     # database spent running them (docs/running.md, "What runs").
 
-    def read_jobs(self, db: str, ids: list[int]) -> dict[int, Job]:
-        """Read jobs: the jobs ``ids``, by id, as ``Job.objects`` would build them."""
+    def read_jobs(self, db: str, ids: list[int], *, lock: bool = False) -> dict[int, Job]:
+        """Read jobs: the jobs ``ids``, by id, as ``Job.objects`` would build them.
+
+        ``lock``: with their rows locked (ascending), as a claim takes them before it
+        inserts their claimed rows. On InnoDB that insert's foreign key check takes a
+        shared lock on each job row, which the claim's own UPDATE then had to upgrade:
+        anyone asking for the row meanwhile (an enqueue waiting for it, a cancel)
+        deadlocked with it. Locked first, there is nothing to upgrade.
+        """
         from django_jobs.models import Job
 
         connection = connections[db]
         marks = ", ".join(["%s"] * len(ids))
         table = connection.ops.quote_name(Job._meta.db_table)
-        rows = Job.objects.using(db).raw(f"SELECT * FROM {table} WHERE id IN ({marks})", ids)
+        locking = (
+            " ORDER BY id FOR UPDATE" if lock and connection.features.has_select_for_update else ""
+        )
+        rows = Job.objects.using(db).raw(
+            f"SELECT * FROM {table} WHERE id IN ({marks}){locking}", ids
+        )
         return {job.pk: job for job in rows}
 
     def insert_claims(
