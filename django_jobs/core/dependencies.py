@@ -53,6 +53,7 @@ from django.utils import timezone
 
 from django_jobs.core.batches import count_outcomes, current_job_id
 from django_jobs.core.ready import make_ready
+from django_jobs.db import ops
 from django_jobs.exceptions import InvalidDependency
 from django_jobs.models import (
     FINISHED_STATUSES,
@@ -244,11 +245,8 @@ def write_graph(
             job.on_dependency_failure = graph.policies.get(index) or getattr(
                 task, "on_dependency_failure", DependencyFailure.CANCEL
             )
-    plain = [job for job in jobs if job.unique_lock is None]
-    Job.objects.using(db).bulk_create(plain, batch_size=1000)
-    if any(job.pk is None for job in plain):
-        for job in plain:  # MySQL (unlike MariaDB) returns no ids from a bulk insert
-            job.save(using=db, force_insert=True)
+    seam = ops(db)
+    seam.insert_jobs(db, [job for job in jobs if job.unique_lock is None])
     holders: dict[int, Job] = {}
     for index in unique_order:
         holder = insert_unique(db, jobs[index])
@@ -326,8 +324,8 @@ def write_graph(
             )
         else:
             runnable.append(job)
-    JobDependency.objects.using(db).bulk_create(edges, batch_size=1000)
-    AwaitingExecution.objects.using(db).bulk_create(awaiting, batch_size=1000)
+    seam.insert_rows(db, JobDependency, edges)
+    seam.insert_rows(db, AwaitingExecution, awaiting)
     release(db, runnable)
     if ended:
         by_id = {job.pk: job for job in jobs}

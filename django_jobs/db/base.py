@@ -274,6 +274,19 @@ class Operations:
                 [*params, *done],
             )
 
+    def insert_jobs(self, db: str, jobs: Sequence[Job]) -> None:
+        """Insert job rows (no execution row), setting ``pk`` on each: a workflow's nodes."""
+        from django_jobs.models import Job
+
+        Job.objects.using(db).bulk_create(jobs, batch_size=1000)
+        if any(job.pk is None for job in jobs):
+            for job in jobs:  # MySQL (unlike MariaDB) returns no ids from a bulk insert
+                job.save(using=db, force_insert=True)
+
+    def insert_rows(self, db: str, model: type[models.Model], rows: Sequence[models.Model]) -> None:
+        """Insert rows whose ids nobody reads back (a workflow's edges, awaiting rows)."""
+        model._default_manager.using(db).bulk_create(rows, batch_size=1000)
+
     # The fast paths below exist where a vendor's feature flag says so; the core checks the
     # flag first, so the portable versions are never called.
 
