@@ -19,6 +19,7 @@ from django_jobs.core.processes import register_process
 from django_jobs.core.ready import claim_jobs
 from django_jobs.core.rows import ErrorInfo
 from django_jobs.core.workflows import cancel_workflow
+from django_jobs.db import features
 from django_jobs.exceptions import JobAlreadyFinished
 from django_jobs.models import (
     FINISHED_STATUSES,
@@ -54,7 +55,14 @@ def unlocked_awaiting(db, job_ids):
     }
 
 
+def portable_settle(monkeypatch):
+    """Settle through the ORM's statements even where the database has its one statement
+    (PostgreSQL: ``Operations.settle_succeeded``)."""
+    monkeypatch.setattr(features(DB), "can_settle_in_one_statement", False)
+
+
 def unprotect_counts(monkeypatch):
+    portable_settle(monkeypatch)
     monkeypatch.setattr(dependencies, "lock_awaiting", unlocked_awaiting)
 
 
@@ -93,9 +101,13 @@ def end_both_at_once(monkeypatch, worker, *, first_fails: bool) -> None:
 # --- two parents of one child finishing at the same instant --------------------------
 
 
-def test_two_parents_finishing_at_once_release_their_child_exactly_once(monkeypatch, worker):
+@pytest.mark.parametrize("path", ["one_statement", "portable"])
+def test_two_parents_finishing_at_once_release_their_child_exactly_once(monkeypatch, worker, path):
     """The with_items fan-in of docs/design.md section 1. Protection: the child's awaiting
-    row, locked (``lock_awaiting``) by each parent's settle in its own finish."""
+    row, locked by each parent's settle in its own finish (``lock_awaiting``; PostgreSQL's
+    one statement locks it the same way and moves the count from its latest value)."""
+    if path == "portable":
+        portable_settle(monkeypatch)
     child = two_parents_of_one_child()
     end_both_at_once(monkeypatch, worker, first_fails=False)
     assert Job.objects.get(pk=child).status == JobStatus.READY

@@ -53,7 +53,7 @@ from django.utils import timezone
 
 from django_jobs.core.batches import count_outcomes, current_job_id
 from django_jobs.core.ready import make_ready
-from django_jobs.db import ops
+from django_jobs.db import features, ops
 from django_jobs.exceptions import InvalidDependency
 from django_jobs.models import (
     FINISHED_STATUSES,
@@ -418,6 +418,8 @@ class Settled:
 
 def settle_level(db: str, ended: Mapping[int, bool]) -> Settled:
     """:func:`settle_ended` without the follow-up: one level, returning what it ended."""
+    if all(ended.values()) and features(db).can_settle_in_one_statement:
+        return settle_succeeded(db, list(ended))
     result = Settled()
     edges = list(
         JobDependency.objects.using(db)
@@ -435,7 +437,12 @@ def settle_level(db: str, ended: Mapping[int, bool]) -> Settled:
     rows = lock_awaiting(db, parents_of)
     if not rows:
         return result  # every dependent had ended already (cancelled, say)
-    jobs = {job.pk: job for job in Job.objects.using(db).filter(pk__in=list(rows))}
+    jobs = {
+        job.pk: job
+        for job in Job.objects.using(db)
+        .filter(pk__in=list(rows))
+        .only(*RELEASE_FIELDS, "on_dependency_failure")
+    }
     stopped = ended_workflows(db, {job.workflow_id for job in jobs.values() if job.workflow_id})
     why: dict[int, str] = {}
     runnable: list[Job] = []
@@ -468,6 +475,41 @@ def settle_level(db: str, ended: Mapping[int, bool]) -> Settled:
         result.batches = batch_failures(jobs[pk] for pk in why)
     if failing:
         end_workflows(db, sorted(failing), Workflow.Ending.FAILED)
+    return result
+
+
+# What releasing or ending a dependent reads of it.
+RELEASE_FIELDS = (
+    "pk",
+    "status",
+    "queue_name",
+    "priority",
+    "concurrency_key",
+    "run_after",
+    "workflow_id",
+    "batch_id",
+    "attempts",
+)
+
+
+def settle_succeeded(db: str, parent_ids: list[int]) -> Settled:
+    """:func:`settle_level` when every parent succeeded, where the database settles the
+    edges and moves the counts in one statement (``Operations.settle_succeeded``): only
+    the dependents that reached zero are read, and released (or ended, if their
+    workflow has ended), their awaiting rows still locked by that statement."""
+    result = Settled()
+    zero = [pk for pk, remaining in ops(db).settle_succeeded(db, parent_ids) if remaining == 0]
+    if not zero:
+        return result
+    jobs = {job.pk: job for job in Job.objects.using(db).filter(pk__in=zero).only(*RELEASE_FIELDS)}
+    stopped = ended_workflows(db, {job.workflow_id for job in jobs.values() if job.workflow_id})
+    why = {pk: "its workflow has ended" for pk, job in jobs.items() if job.workflow_id in stopped}
+    AwaitingExecution.objects.using(db).filter(job_id__in=zero).delete()
+    release(db, [job for pk, job in sorted(jobs.items()) if pk not in why])
+    if why:
+        end_dependents(db, [jobs[pk] for pk in why], why)
+        result.ended = set(why)
+        result.batches = batch_failures(jobs[pk] for pk in why)
     return result
 
 

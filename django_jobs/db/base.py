@@ -49,6 +49,9 @@ class Features:
     can_promote_in_one_statement = False
     # One statement inserts ready jobs and their ready rows (column arrays).
     can_insert_ready_in_one_statement = False
+    # Settle the edges of succeeded jobs and move their dependents' counts in one
+    # statement (Operations.settle_succeeded).
+    can_settle_in_one_statement = False
     # The database has LISTEN/NOTIFY (``DJANGO_JOBS["listen_notify"]`` may name it) ...
     has_listen_notify = False
     # ... and our listener and notifier can use it here: idle workers are woken at once
@@ -335,6 +338,12 @@ class Operations:
 
     def recount_and_promote(self, db: str, semaphores: list[Semaphore], now: datetime) -> int:
         """``features.can_promote_in_one_statement``: recount and promote in one statement."""
+        raise NotImplementedError
+
+    def settle_succeeded(self, db: str, parent_ids: list[int]) -> list[tuple[int, int]]:
+        """``features.can_settle_in_one_statement``: settle the unsettled edges of these
+        succeeded jobs, returning ``(dependent, remaining)`` for each dependent with an
+        awaiting row."""
         raise NotImplementedError
 
     def insert_ready_jobs(self, db: str, jobs: Sequence[Job]) -> None:

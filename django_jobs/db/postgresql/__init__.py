@@ -1,7 +1,7 @@
 """PostgreSQL: data-modifying CTEs do in one statement what the portable path does in a
 transaction of several (claim and start, start, finish, recount and promote, insert), and
-LISTEN/NOTIFY wakes idle workers. The statements are written in ``claims``, ``admission``
-and ``insert`` beside this module, each with its name and purpose."""
+LISTEN/NOTIFY wakes idle workers. The statements are written in ``claims``, ``admission``,
+``insert`` and ``dependencies`` beside this module, each with its name and purpose."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.db.models.functions import Collate
 
 from django_jobs.db import base
 from django_jobs.db.base import RowT
-from django_jobs.db.postgresql import admission, claims, insert
+from django_jobs.db.postgresql import admission, claims, dependencies, insert
 from django_jobs.db.rows import Started
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ class Features(base.Features):
     can_finish_in_one_statement = True
     can_promote_in_one_statement = True
     can_insert_ready_in_one_statement = True
+    can_settle_in_one_statement = True
     has_listen_notify = True
     # jsonb refuses \u0000, and text columns refuse NUL.
     refuses_nul_in_text = True
@@ -93,7 +94,18 @@ class Operations(base.Operations):
     def recount_and_promote(self, db: str, semaphores: list[Semaphore], now: datetime) -> int:
         return admission.recount_and_promote(db, semaphores, now)
 
+    def settle_succeeded(self, db: str, parent_ids: list[int]) -> list[tuple[int, int]]:
+        return dependencies.settle_succeeded(db, parent_ids)
+
     def insert_ready_jobs(self, db: str, jobs: Sequence[Job]) -> None:
         insert.insert_ready_jobs(db, jobs)
 
     insert_chunk_size = insert.CHUNK_SIZE
+
+    def insert_jobs(self, db: str, jobs: Sequence[Job]) -> None:
+        """One statement per :attr:`insert_chunk_size` jobs, from column arrays."""
+        insert.insert_jobs(db, jobs)
+
+    def insert_rows(self, db: str, model: type[Model], rows: Sequence[Model]) -> None:
+        """One statement per :attr:`insert_chunk_size` rows, from column arrays."""
+        insert.insert_rows(db, model, rows)
