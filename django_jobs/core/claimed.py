@@ -88,14 +88,14 @@ def finish_unbatched(
 ) -> set[int]:
     """The one-statement finishes of :func:`finish_jobs`: the jobs of ``known`` with no
     batch, those without a key first, then the keyed ones with their slots."""
-    unbatched = [
-        job
-        for job in known
-        if job.batch_id is None and job.workflow_id is None and job.pk in return_values
-    ]
+    unbatched = [job for job in known if job.batch_id is None and job.pk in return_values]
+    nodes = {job.pk: return_values[job.pk] for job in unbatched if job.workflow_id is not None}
+    unbatched = [job for job in unbatched if job.workflow_id is None]
     plain = {job.pk: return_values[job.pk] for job in unbatched if not job.concurrency_key}
     keyed = {job.pk: return_values[job.pk] for job in unbatched if job.concurrency_key}
     done: set[int] = set()
+    if nodes:
+        done |= finish_with_dependents(db, process_id, nodes)
     if plain:
         done |= set(ops(db).finish_unbatched(db, process_id, plain, timezone.now()))
     if keyed:
@@ -119,6 +119,19 @@ def finish_keyed_unbatched(
     with transaction.atomic(using=db):
         found = seam.finish_unbatched(db, process_id, return_values, now, keyed=True)
         release_slots(db, {key for key in found.values() if key})
+    return set(found)
+
+
+def finish_with_dependents(db: str, process_id: int, return_values: dict[int, object]) -> set[int]:
+    """Jobs of a workflow without a batch, where the database finishes in one statement:
+    that statement (which reads each job's workflow under its lock), then the keys'
+    slots and the dependents, in one transaction: four round trips where
+    :func:`finish_locked` takes six."""
+    with hot_transaction(db):
+        found = ops(db).finish_with_dependents(db, process_id, return_values, timezone.now())
+        release_slots(db, {key for key, _ in found.values() if key})
+        released = settle_ended(db, {pk: True for pk, (_, flow) in found.items() if flow})
+        count_outcomes(db, released)
     return set(found)
 
 

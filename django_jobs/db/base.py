@@ -340,6 +340,14 @@ class Operations:
         """``features.can_promote_in_one_statement``: recount and promote in one statement."""
         raise NotImplementedError
 
+    def finish_with_dependents(
+        self, db: str, process_id: int, return_values: dict[int, object], now: datetime
+    ) -> dict[int, tuple[str | None, int | None]]:
+        """``features.can_finish_in_one_statement``: finish jobs without a batch, those
+        of a workflow included, inside the caller's transaction; ``{id: (concurrency key,
+        workflow)}`` of those finished, the workflow read under the row's lock."""
+        raise NotImplementedError
+
     def settle_succeeded(self, db: str, parent_ids: list[int]) -> list[tuple[int, int]]:
         """``features.can_settle_in_one_statement``: settle the unsettled edges of these
         succeeded jobs, returning ``(dependent, remaining)`` for each dependent with an

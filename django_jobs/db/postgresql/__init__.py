@@ -94,6 +94,11 @@ class Operations(base.Operations):
     def recount_and_promote(self, db: str, semaphores: list[Semaphore], now: datetime) -> int:
         return admission.recount_and_promote(db, semaphores, now)
 
+    def finish_with_dependents(
+        self, db: str, process_id: int, return_values: dict[int, object], now: datetime
+    ) -> dict[int, tuple[str | None, int | None]]:
+        return claims.finish_with_dependents(db, process_id, return_values, now)
+
     def settle_succeeded(self, db: str, parent_ids: list[int]) -> list[tuple[int, int]]:
         return dependencies.settle_succeeded(db, parent_ids)
 

@@ -320,10 +320,24 @@ def finish_params(
     }
 
 
+def finish_with_dependents(
+    db: str, process_id: int, return_values: dict[int, object], now: datetime
+) -> dict[int, tuple[str | None, int | None]]:
+    """:func:`finish_unbatched` for jobs of a workflow (any key, no batch), inside the
+    caller's transaction, which then frees their keys' slots and releases their
+    dependents: ``{job id: (its concurrency key, its workflow)}`` for those finished,
+    the workflow read from the row this statement updated (under its lock)."""
+    params = finish_params(process_id, return_values, now)
+    with connections[db].cursor() as cursor:
+        cursor.execute(finish_statement(db, "any", dependents=True), params)
+        return {pk: (key, workflow_id) for pk, key, workflow_id in cursor.fetchall()}
+
+
 @functools.cache
-def finish_statement(db: str, keys: str) -> str:
+def finish_statement(db: str, keys: str, dependents: bool = False) -> str:
     """The finish of :func:`finish_unbatched`. ``keys``: which claims it may finish
-    beside those without a key: "none", "any", or "listed" (those of ``%(keys)s``)."""
+    beside those without a key: "none", "any", or "listed" (those of ``%(keys)s``).
+    ``dependents``: jobs of a workflow too, their workflow returned third."""
     connection = connections[db]
     quote = connection.ops.quote_name
     job, claimed = quote(Job._meta.db_table), quote(ClaimedExecution._meta.db_table)
@@ -346,8 +360,8 @@ def finish_statement(db: str, keys: str) -> str:
         f"done AS (UPDATE {job} SET status = %(succeeded)s, finished_at = %(now)s, "
         f"unique_lock = NULL, return_value = outcome.value::jsonb "
         f"FROM held JOIN outcome ON outcome.job_id = held.job_id "
-        f"WHERE {job}.id = held.job_id AND {job}.workflow_id IS NULL "
-        f"RETURNING {job}.id, held.concurrency_key), "
+        f"WHERE {job}.id = held.job_id{'' if dependents else f' AND {job}.workflow_id IS NULL'} "
+        f"RETURNING {job}.id, held.concurrency_key, {job}.workflow_id), "
         f"gone AS (DELETE FROM {claimed} AS c USING done WHERE c.job_id = done.id) "
-        f"SELECT id, concurrency_key FROM done"
+        f"SELECT id, concurrency_key{', workflow_id' if dependents else ''} FROM done"
     )
