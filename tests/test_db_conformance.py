@@ -26,25 +26,30 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connections, transaction
+from django.db import DataError, connections, transaction
 from django.utils import timezone
 
 from django_jobs import enqueue_batch
 from django_jobs import task as jobs_task
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
+from django_jobs.db import ops
 from django_jobs.models import (
+    AwaitingExecution,
     Batch,
     BlockedExecution,
     ClaimedExecution,
+    DependencyFailure,
     FailedExecution,
     Job,
+    JobDependency,
     JobStatus,
     Pause,
     RateLimit,
     ReadyExecution,
     ScheduledExecution,
     Semaphore,
+    Workflow,
 )
 from tests import batch_tasks as bt
 from tests import rate_tasks, tasks
@@ -85,6 +90,10 @@ needs_skip_locked = pytest.mark.skipif(
     not FEATURES.has_select_for_update_skip_locked,
     reason="the database has no SELECT ... FOR UPDATE SKIP LOCKED (SQLite: no row locks, "
     "BEGIN IMMEDIATE serialises the writers)",
+)
+needs_string_lengths = pytest.mark.skipif(
+    connections[DB].vendor == "sqlite",
+    reason="SQLite stores a string of any length in a varchar(n) column",
 )
 needs_row_locks = pytest.mark.skipif(
     not FEATURES.has_select_for_update,
@@ -1121,3 +1130,131 @@ def test_lock_semaphores_takes_the_locks_in_ascending_key_order(held, locked_mea
     finally:
         done.set()
     assert locker.join() == ["B", "a", "m"]
+
+
+# --- a workflow's rows ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunk boundaries within a few rows where a database writes in chunks (PostgreSQL's
+    column arrays): each chunk's ids must still go to its own jobs."""
+    monkeypatch.setattr("django_jobs.db.postgresql.insert.CHUNK_SIZE", 3)
+
+
+def concrete_values(instance, *, skip: tuple[str, ...] = ()) -> dict[str, object]:
+    return {
+        field.attname: getattr(instance, field.attname)
+        for field in type(instance)._meta.concrete_fields
+        if field.attname not in skip
+    }
+
+
+def edge_columns(edge: JobDependency) -> tuple[int, int, int, bool]:
+    return (edge.job_id, edge.depends_on_id, edge.position, edge.settled)
+
+
+def workflow_jobs(count: int) -> list[Job]:
+    """Unsaved jobs as a workflow writes them (the real enqueue's, then its marks), each
+    different: JSON documents, nulls and set values, datetimes to the microsecond."""
+    workflow = Workflow.objects.create(name="conformance")
+    backend = tasks.echo.get_backend()
+    shapes = [
+        tasks.echo,
+        tasks.add.using(queue_name="reports", priority=-3, run_after=timezone.now()),
+        tt.two_at_a_time,
+        tasks.always_fails,
+    ]
+    jobs = []
+    for n in range(count):
+        task = shapes[n % len(shapes)]
+        args = {
+            0: [{"n": n, "nested": [1.5, None, True, "é\u2028"], "empty": {}}],
+            1: [n, -n],
+            2: ["x", n],
+            3: [f"message {n}"],
+        }[n % len(shapes)]
+        job, _ = backend.prepare_job(task, args, {})
+        job.workflow_id = workflow.pk
+        if n % 2:
+            job.status = JobStatus.AWAITING
+            job.on_dependency_failure = DependencyFailure.RUN
+        if n % 3 == 0:
+            job.trace_context = {"traceparent": f"00-{n:032x}-{n:016x}-01"}
+            job.progress_at = timezone.now() - timedelta(microseconds=n + 1)
+        jobs.append(job)
+    return jobs
+
+
+@pytest.mark.django_db
+class TestWorkflowRows:
+    @pytest.mark.parametrize("count", [1, 7])
+    def test_insert_jobs_sets_the_ids_in_order_and_writes_the_rows_as_given(
+        self, small_chunks, count
+    ):
+        jobs = workflow_jobs(count)
+        given = [concrete_values(job, skip=("id",)) for job in jobs]
+        with transaction.atomic():
+            ops(DB).insert_jobs(DB, jobs)
+        assert all(job.pk is not None and not job._state.adding for job in jobs)
+        assert ids(jobs) == sorted(ids(jobs))  # in the order given
+        assert len(set(ids(jobs))) == count
+        written = {job.pk: job for job in Job.objects.filter(pk__in=ids(jobs))}
+        assert [concrete_values(written[job.pk], skip=("id",)) for job in jobs] == given
+        # Job rows only: no execution row of any kind.
+        assert not any(executions(job.pk) for job in jobs)
+        assert not AwaitingExecution.objects.exists()
+
+    def test_insert_jobs_of_none_writes_nothing(self):
+        ops(DB).insert_jobs(DB, [])
+        assert not Job.objects.exists()
+
+    def test_insert_rows_writes_edges_and_awaiting_rows_as_given(self, small_chunks):
+        jobs = workflow_jobs(5)
+        ops(DB).insert_jobs(DB, jobs)
+        root, *rest = ids(jobs)
+        edges = [
+            JobDependency(job_id=pk, depends_on_id=parent, position=position, settled=not position)
+            for i, pk in enumerate(rest)
+            for position, parent in enumerate([root, *rest[i - 1 : i]])
+        ]
+        now = timezone.now()
+        awaiting = [
+            AwaitingExecution(
+                job_id=pk,
+                queue_name=f"queue-{n}",
+                priority=n - 2,
+                remaining=n,
+                created_at=now - timedelta(microseconds=n),
+            )
+            for n, pk in enumerate(rest)
+        ]
+        with transaction.atomic():
+            ops(DB).insert_rows(DB, JobDependency, edges)
+            ops(DB).insert_rows(DB, AwaitingExecution, awaiting)
+            ops(DB).insert_rows(DB, JobDependency, [])
+        # An edge's id is its own (nobody reads it back); its columns are as given.
+        assert len(edges) == 7
+        assert sorted(map(edge_columns, JobDependency.objects.all())) == sorted(
+            map(edge_columns, edges)
+        )
+        # An awaiting row's primary key is its job's: a column inserted as given.
+        assert {row.job_id: concrete_values(row) for row in AwaitingExecution.objects.all()} == {
+            row.job_id: concrete_values(row) for row in awaiting
+        }
+
+    @needs_string_lengths
+    @pytest.mark.parametrize("written", ["jobs", "rows"])
+    def test_a_string_longer_than_its_column_is_refused_not_cut_short(self, written):
+        """An array cast to varchar(n)[] would cut it short without a word (PostgreSQL):
+        the insert must refuse it, as a single insert does."""
+        (job,) = workflow_jobs(1)
+        with pytest.raises(DataError), transaction.atomic():
+            if written == "jobs":
+                job.queue_name = "q" * 200
+                ops(DB).insert_jobs(DB, [job])
+            else:
+                ops(DB).insert_jobs(DB, [job])
+                row = AwaitingExecution(job_id=job.pk, queue_name="q" * 200, remaining=1)
+                ops(DB).insert_rows(DB, AwaitingExecution, [row])
+        assert not Job.objects.exists() and not AwaitingExecution.objects.exists()

@@ -1,4 +1,5 @@
-"""Ready jobs written in one statement on PostgreSQL: the job rows and their ready rows.
+"""Rows written from column arrays on PostgreSQL: ready jobs with their ready rows in one
+statement, a workflow's job rows, and the plain rows of a model (its edges, its awaiting rows).
 
 The common enqueue (no concurrency key, no uniqueness, not deferred) needs no
 lock and no decision, only two inserts. Through the ORM they cost BEGIN, two
@@ -8,7 +9,11 @@ field per row. Here a data-modifying CTE inserts both from column arrays
 round trip, like a plain ``Model.objects.create``) and a bulk enqueue sends a
 few arrays instead of tens of thousands of parameters.
 
-The column list is read from the model, so a new field needs no change here.
+A workflow's rows go the same way, without the ready rows (:func:`insert_jobs`,
+:func:`insert_rows`): ``bulk_create`` in batches of 1,000 cost 0.90 s for 10,000 job
+rows, 0.39 s for their 19,996 edges and 0.21 s for 9,999 awaiting rows.
+
+The column lists are read from the models, so a new field needs no change here.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Sequence
 from functools import cache
 
 from django.db import connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_jobs.db.base import column
 from django_jobs.db.notify import jobs_ready
@@ -41,11 +47,91 @@ def insert_ready_jobs(db: str, jobs: Sequence[Job]) -> None:
         jobs_ready(db, (job.queue_name for job in jobs))
 
 
+def insert_jobs(db: str, jobs: Sequence[Job]) -> None:
+    """Insert job rows and nothing else (a workflow's nodes); sets ``pk`` on each, in the
+    order given. Atomic per chunk of :data:`CHUNK_SIZE`, as :func:`insert_ready_jobs`."""
+    if not jobs:
+        return
+    sql, fields = jobs_statement(db)
+    with connections[db].cursor() as cursor:
+        for start in range(0, len(jobs), CHUNK_SIZE):
+            chunk = jobs[start : start + CHUNK_SIZE]
+            cursor.execute(sql, [column_values(field, chunk) for field in fields])
+            assign_ids(db, chunk, [row[0] for row in cursor.fetchall()])
+
+
+def insert_rows(db: str, model: type[models.Model], rows: Sequence[models.Model]) -> None:
+    """Insert ``rows`` of ``model`` (every concrete column but an auto primary key), as
+    ``bulk_create`` would write them, without setting an auto primary key: for rows whose
+    ids nobody reads. Atomic per chunk of :data:`CHUNK_SIZE`."""
+    if not rows:
+        return
+    connection = connections[db]
+    sql, fields = rows_statement(db, model)
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), CHUNK_SIZE):
+            chunk = rows[start : start + CHUNK_SIZE]
+            cursor.execute(sql, [prepared_values(field, chunk, connection) for field in fields])
+    for row in rows:
+        row._state.adding = False
+        row._state.db = db
+
+
 @cache
 def statement(db: str) -> tuple[str, list[models.Field]]:
-    """The insert's SQL and the fields it takes, in order (built once per database)."""
+    """The insert of ready jobs from column arrays and the fields it takes, in order
+    (built once per database)."""
+    fields = job_fields()
+    return with_ready_rows(db, fields, unnest(db, fields)), fields
+
+
+@cache
+def jobs_statement(db: str) -> tuple[str, list[models.Field]]:
+    """The insert of job rows alone from column arrays, returning their ids, and the
+    fields it takes, in order (built once per database)."""
+    fields = job_fields()
+    return f"{insert_into(db, Job, fields, unnest(db, fields))} RETURNING id", fields
+
+
+@cache
+def rows_statement(db: str, model: type[models.Model]) -> tuple[str, list[models.Field]]:
+    """The insert of ``model`` rows from column arrays and the fields it takes, in order
+    (built once per database and model): every concrete field but an auto primary key. A
+    primary key that is a column of its own (a one-to-one key, as an execution row's
+    ``job_id``) is inserted like any other."""
+    fields = [
+        field
+        for field in model._meta.concrete_fields
+        if not (field.primary_key and isinstance(field, models.AutoField))
+    ]
+    return insert_into(db, model, fields, unnest(db, fields)), fields
+
+
+@cache
+def single_statement(db: str) -> tuple[str, list[models.Field]]:
+    """The insert of one job: plain values, not arrays.
+
+    A single enqueue (the call in a web request) is the common case. Its values
+    go as scalars: psycopg renders each of the ~30 parameters once instead of
+    building a one-element array literal per column, about half the client-side
+    cost of the statement (cProfile, 1,000 enqueues).
+    """
+    fields = job_fields()
+    values = ", ".join(
+        "%s::jsonb" if isinstance(field, models.JSONField) else "%s" for field in fields
+    )
+    return with_ready_rows(db, fields, f"VALUES ({values})"), fields
+
+
+def job_fields() -> list[models.Field]:
+    """The columns of a job row an insert gives: all but the id."""
+    return [field for field in Job._meta.concrete_fields if not field.primary_key]
+
+
+def unnest(db: str, fields: Sequence[models.Field]) -> str:
+    """A SELECT of ``fields``' values from one array parameter per field, typed as the
+    column (JSON sent as text and cast), one row per index."""
     connection = connections[db]
-    fields = [field for field in Job._meta.concrete_fields if not field.primary_key]
     arrays, selected = [], []
     for index, field in enumerate(fields):
         if isinstance(field, models.JSONField):
@@ -61,35 +147,25 @@ def statement(db: str) -> tuple[str, list[models.Field]]:
             arrays.append(f"%s::{field.db_type(connection)}[]")
             selected.append(f"c{index}")
     names = ", ".join(f"c{index}" for index in range(len(fields)))
-    rows = f"SELECT {', '.join(selected)} FROM UNNEST({', '.join(arrays)}) AS rows({names})"
-    return with_ready_rows(db, fields, rows), fields
+    return f"SELECT {', '.join(selected)} FROM UNNEST({', '.join(arrays)}) AS rows({names})"
 
 
-@cache
-def single_statement(db: str) -> tuple[str, list[models.Field]]:
-    """The insert of one job: plain values, not arrays.
-
-    A single enqueue (the call in a web request) is the common case. Its values
-    go as scalars: psycopg renders each of the ~30 parameters once instead of
-    building a one-element array literal per column, about half the client-side
-    cost of the statement (cProfile, 1,000 enqueues).
-    """
-    fields = [field for field in Job._meta.concrete_fields if not field.primary_key]
-    values = ", ".join(
-        "%s::jsonb" if isinstance(field, models.JSONField) else "%s" for field in fields
-    )
-    return with_ready_rows(db, fields, f"VALUES ({values})"), fields
+def insert_into(
+    db: str, model: type[models.Model], fields: Sequence[models.Field], rows: str
+) -> str:
+    """``INSERT INTO`` ``model``'s table ``fields``' columns ``rows`` (a VALUES list or a
+    SELECT giving ``fields``)."""
+    quote = connections[db].ops.quote_name
+    columns = ", ".join(quote(column(field)) for field in fields)
+    return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) {rows}"
 
 
 def with_ready_rows(db: str, fields: list[models.Field], rows: str) -> str:
     """The statement that inserts ``rows`` (a VALUES list or a SELECT giving ``fields``)
     into the jobs table and a ready row for each, returning the new ids."""
-    quote = connections[db].ops.quote_name
-    columns = ", ".join(quote(column(field)) for field in fields)
-    job_table = quote(Job._meta.db_table)
-    ready_table = quote(ReadyExecution._meta.db_table)
+    ready_table = connections[db].ops.quote_name(ReadyExecution._meta.db_table)
     return (
-        f"WITH new_jobs AS (INSERT INTO {job_table} ({columns}) {rows} "
+        f"WITH new_jobs AS ({insert_into(db, Job, fields, rows)} "
         f"RETURNING id, queue_name, priority, enqueued_at) "
         f"INSERT INTO {ready_table} (job_id, queue_name, priority, concurrency_key, created_at) "
         f"SELECT id, queue_name, priority, NULL, enqueued_at FROM new_jobs RETURNING job_id"
@@ -106,6 +182,66 @@ def column_values(field: models.Field, jobs: Sequence[Job]) -> list:
     return values
 
 
+def prepared_values(
+    field: models.Field, rows: Sequence[models.Model], connection: BaseDatabaseWrapper
+) -> list:
+    """``field``'s values of ``rows`` as ``bulk_create`` prepares them (``pre_save``, then
+    ``get_db_prep_save``); JSON as text, as :func:`column_values` sends it.
+
+    A value that already is what ``get_db_prep_save`` would give back (None, or an
+    ``int`` for an integer column or key, a ``bool`` for a boolean, a ``str`` for text)
+    skips the call: the same values, without 80,000 calls for a workflow of 10,000 nodes
+    (0.19 s of its enqueue).
+    """
+    if type(field).pre_save is models.Field.pre_save:  # no auto_now: the attribute
+        values = [getattr(row, field.attname) for row in rows]
+    else:
+        values = [field.pre_save(row, True) for row in rows]
+    if isinstance(field, models.JSONField):
+        return [None if v is None else json.dumps(v, cls=field.encoder) for v in values]
+    prepare, plain = field.get_db_prep_save, unchanged_type(field)
+    if plain is None:
+        return [prepare(value, connection) for value in values]
+    return [
+        value if value is None or type(value) is plain else prepare(value, connection)
+        for value in values
+    ]
+
+
+# The Python type whose values ``get_db_prep_save`` gives back unchanged on PostgreSQL, by
+# Django's field class (exactly: a subclass may prepare its values its own way).
+UNCHANGED: dict[type[models.Field], type] = {
+    **dict.fromkeys(
+        (
+            models.AutoField,
+            models.BigAutoField,
+            models.SmallAutoField,
+            models.IntegerField,
+            models.BigIntegerField,
+            models.SmallIntegerField,
+            models.PositiveIntegerField,
+            models.PositiveBigIntegerField,
+            models.PositiveSmallIntegerField,
+        ),
+        int,
+    ),
+    models.BooleanField: bool,
+    models.CharField: str,
+    models.TextField: str,
+}
+
+
+def unchanged_type(field: models.Field) -> type | None:
+    """The type of ``field``'s values that its ``get_db_prep_save`` returns as they are, if
+    any (a key's are its target's)."""
+    if isinstance(field, models.ForeignKey) and type(field) in (
+        models.ForeignKey,
+        models.OneToOneField,
+    ):
+        field = field.target_field
+    return UNCHANGED.get(type(field))
+
+
 def insert_chunk(db: str, jobs: Sequence[Job]) -> None:
     connection = connections[db]
     if len(jobs) == 1:
@@ -116,10 +252,17 @@ def insert_chunk(db: str, jobs: Sequence[Job]) -> None:
         params = [column_values(field, jobs) for field in fields]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        ids = sorted(row[0] for row in cursor.fetchall())
-    # One statement draws its ids from the sequence in row order, so ascending
-    # ids match the jobs in the order given, whatever order RETURNING used.
-    for job, pk in zip(jobs, ids, strict=True):
+        assign_ids(db, jobs, [row[0] for row in cursor.fetchall()])
+
+
+def assign_ids(db: str, jobs: Sequence[Job], ids: list[int]) -> None:
+    """Set on ``jobs`` the ids one statement inserting them (in this order) returned.
+
+    One statement draws its ids from the sequence in row order, and UNNEST gives the
+    rows in the arrays' order, so ascending ids match the jobs in the order given,
+    whatever order RETURNING used (the ready rows' insert returns them in its own).
+    """
+    for job, pk in zip(jobs, sorted(ids), strict=True):
         job.pk = pk
         job._state.adding = False
         job._state.db = db
