@@ -145,6 +145,7 @@ def executions(job_id: int) -> set[str]:
         "scheduled": ScheduledExecution,
         "blocked": BlockedExecution,
         "claimed": ClaimedExecution,
+        "awaiting": AwaitingExecution,
     }
     return {name for name, model in tables.items() if model.objects.filter(job_id=job_id).exists()}
 
@@ -198,6 +199,7 @@ def finish(worker, return_values: dict[int, object], hints: str) -> set[int]:
         for job in known:
             job.concurrency_key = None if job.concurrency_key else "no-such-key"
             job.batch_id = None
+            job.workflow_id = None  # "no dependents": the statement must recheck the row
     return finish_jobs(DB, worker.pk, return_values, known)
 
 
@@ -483,6 +485,25 @@ class TestFinish:
         assert semaphore("one/y") == (1, 1)
         assert_slots_agree("one/x")
         assert_slots_agree("one/y")
+
+    def test_a_finish_releases_what_waits_for_its_jobs_once_each(self, worker, hints):
+        from django_jobs import workflow
+
+        with workflow() as wf:
+            a = wf.add(tt.noop, 1)
+            b = wf.add(tt.noop, 2)
+            both = wf.add(tt.noop, 3, after=[a, b])
+            after_a = wf.add(tt.noop, 4, after=[a])
+        first, second, merged, single = (int(n.id) for n in (a, b, both, after_a))
+        assert ids(claim(worker, start=True)) == [first, second]
+        assert finish(worker, {first: "a"}, hints) == {first}
+        assert (row(single).status, executions(single)) == (READY, {"ready"})
+        assert executions(merged) == {"awaiting"}
+        assert AwaitingExecution.objects.get(job_id=merged).remaining == 1
+        assert finish(worker, {second: "b"}, hints) == {second}
+        assert executions(merged) == {"ready"}
+        assert not JobDependency.objects.filter(settled=False).exists()
+        assert (row(first).return_value, row(second).return_value) == ("a", "b")
 
     def test_a_batched_finish_counts_the_batch(self, worker, hints):
         made = enqueue_batch([(bt.item, [n], {}) for n in range(3)], on_finish=bt.callback)
