@@ -101,7 +101,6 @@ if __name__ == "__main__":
 
     django.setup()
 
-from django.conf import settings  # noqa: E402
 from django.db import DatabaseError, connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
@@ -127,10 +126,10 @@ from django_jobs.runtime.worker import unrecorded_bound  # noqa: E402
 from tests.harness import (  # noqa: E402
     RunJobs,
     child_pids,
-    create_server_database,
     max_overlap,
     most_in_any_period,
     pid_alive,
+    prepare_soak_database,
     wait_until,
 )
 
@@ -1262,24 +1261,8 @@ def run_soak(config: Config) -> Report:
 # --- the command ----------------------------------------------------------------------------
 
 
-def prepare_database() -> None:
-    """Create the soak's database if missing, migrate it, empty django_jobs' tables."""
-    from django.apps import apps
-    from django.core.management import call_command
-    from django.core.management.color import no_style
-
-    name = str(settings.DATABASES["default"]["NAME"])
-    if SAFE_NAME_PART not in Path(name).name:
-        raise SystemExit(f"refusing to empty database {name!r}: its name must contain 'soak'")
-    create_server_database(name)
-    call_command("migrate", verbosity=0)
-    tables = [m._meta.db_table for m in apps.get_app_config("django_jobs").get_models()]
-    statements = connection.ops.sql_flush(no_style(), tables, allow_cascade=True)
-    connection.ops.execute_sql_flush(statements)
-
-
 def main(options: argparse.Namespace) -> int:
-    prepare_database()
+    prepare_soak_database(SAFE_NAME_PART)
     seed = options.seed if options.seed is not None else time.time_ns() % 1_000_000
     config = Config(
         duration=options.duration,

@@ -72,35 +72,18 @@ if __name__ == "__main__":
 
     django.setup()
 
-from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from tests import workflow_stress_tasks as ws  # noqa: E402
-from tests.harness import RunJobs, create_server_database  # noqa: E402
+from tests.harness import RunJobs, prepare_soak_database  # noqa: E402
 
 
 def progress(message: str) -> None:
     print(f"- {message}", file=sys.stderr, flush=True)
 
 
-def prepare_database() -> None:
-    """Create the run's database if missing, migrate it, empty django_jobs' tables."""
-    from django.apps import apps
-    from django.core.management import call_command
-    from django.core.management.color import no_style
-
-    name = str(settings.DATABASES["default"]["NAME"])
-    if SAFE_NAME_PART not in Path(name).name:
-        raise SystemExit(f"refusing to empty database {name!r}: its name must contain 'soak'")
-    create_server_database(name)
-    call_command("migrate", verbosity=0)
-    tables = [m._meta.db_table for m in apps.get_app_config("django_jobs").get_models()]
-    statements = connection.ops.sql_flush(no_style(), tables, allow_cascade=True)
-    connection.ops.execute_sql_flush(statements)
-
-
 def main(options: argparse.Namespace) -> int:
-    prepare_database()
+    prepare_soak_database(SAFE_NAME_PART)
     seed = options.seed if options.seed is not None else time.time_ns() % 1_000_000
     work_dir = Path(tempfile.mkdtemp(prefix="jobs-wf-soak-"))
     config = ws.Config(

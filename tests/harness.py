@@ -252,3 +252,25 @@ def create_server_database(name: str) -> None:
         with connection._nodb_cursor() as cursor:
             quoted = connection.ops.quote_name(name)
             cursor.execute(f"CREATE DATABASE IF NOT EXISTS {quoted} CHARACTER SET utf8mb4")
+
+
+def prepare_soak_database(safe_part: str) -> None:
+    """Create the run's database if missing, migrate it, and empty django_jobs' tables:
+    bench/soak.py's and bench/workflow_soak.py's. Refuses a database whose name lacks
+    ``safe_part``, so a mistyped URL never empties someone's real tables."""
+    from django.apps import apps
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.core.management.color import no_style
+    from django.db import connection
+
+    name = str(settings.DATABASES["default"]["NAME"])
+    if safe_part not in Path(name).name:
+        raise SystemExit(
+            f"refusing to empty database {name!r}: its name must contain {safe_part!r}"
+        )
+    create_server_database(name)
+    call_command("migrate", verbosity=0)
+    tables = [m._meta.db_table for m in apps.get_app_config("django_jobs").get_models()]
+    statements = connection.ops.sql_flush(no_style(), tables, allow_cascade=True)
+    connection.ops.execute_sql_flush(statements)
