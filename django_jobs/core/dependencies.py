@@ -467,7 +467,7 @@ def settle_level(db: str, ended: Mapping[int, bool]) -> Settled:
         AwaitingExecution.objects.using(db).filter(job_id__in=pks).update(remaining=remaining)
     gone = [*why, *(job.pk for job in runnable)]
     if gone:
-        AwaitingExecution.objects.using(db).filter(job_id__in=gone).delete()
+        ops(db).delete_executions(db, AwaitingExecution, gone)
     release(db, runnable)
     if why:
         end_dependents(db, [jobs[pk] for pk in why], why)
@@ -504,7 +504,7 @@ def settle_succeeded(db: str, parent_ids: list[int]) -> Settled:
     jobs = {job.pk: job for job in Job.objects.using(db).filter(pk__in=zero).only(*RELEASE_FIELDS)}
     stopped = ended_workflows(db, {job.workflow_id for job in jobs.values() if job.workflow_id})
     why = {pk: "its workflow has ended" for pk, job in jobs.items() if job.workflow_id in stopped}
-    AwaitingExecution.objects.using(db).filter(job_id__in=zero).delete()
+    ops(db).delete_executions(db, AwaitingExecution, zero)
     release(db, [job for pk, job in sorted(jobs.items()) if pk not in why])
     if why:
         end_dependents(db, [jobs[pk] for pk in why], why)
