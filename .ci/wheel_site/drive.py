@@ -30,6 +30,8 @@ ACTIONS = {
     "django_jobs_recurringtask_run_now",
     "django_jobs_recurringtask_enable",
     "django_jobs_recurringtask_disable",
+    "django_jobs_workflow_cancel",
+    "django_jobs_workflow_retry",
 }
 
 
@@ -50,11 +52,11 @@ def assert_installed_copy() -> None:
 def make_jobs() -> None:
     """Jobs in every state the pages show: succeeded, failed, ready, blocked, scheduled,
     running on a dead process (stuck), a finished batch with its callback, a pending one,
-    and a recurring task that has run."""
+    a recurring task that has run, and a workflow with a job that waits for another."""
     from django.core.management import call_command
     from django.utils import timezone
 
-    from django_jobs import enqueue_batch
+    from django_jobs import enqueue_batch, workflow
     from django_jobs.core import recurring
     from django_jobs.models import ClaimedExecution, Job, JobStatus, Process
     from wheel_site import tasks
@@ -73,6 +75,9 @@ def make_jobs() -> None:
     tasks.sync_account.enqueue(account_id=1)  # same key, limit 1: blocked
     tasks.ping.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(2)
     enqueue_batch([(tasks.ping, [5], {})], description="pending batch")
+    with workflow("wheel workflow") as wf:
+        first = wf.add(tasks.ping, 6)
+        wf.add(tasks.ping, 7, after=[first])
 
     now = timezone.now()
     Process.objects.create(
@@ -100,7 +105,7 @@ def make_jobs() -> None:
     ClaimedExecution.objects.create(job=running, process=dead)
 
     statuses = set(Job.objects.values_list("status", flat=True))
-    wanted = {"succeeded", "failed", "ready", "blocked", "scheduled", "running"}
+    wanted = {"succeeded", "failed", "ready", "blocked", "scheduled", "running", "awaiting"}
     if not wanted <= statuses:
         sys.exit(f"the jobs made do not cover {sorted(wanted - statuses)}: {sorted(statuses)}")
 
@@ -109,7 +114,7 @@ def pages() -> list[tuple[str, int]]:
     """(URL, expected status) of every page, with an id for each row's page."""
     from django.urls import reverse
 
-    from django_jobs.models import Batch, Job, JobStatus, Process
+    from django_jobs.models import Batch, Job, JobStatus, Process, Workflow
 
     def admin_url(name: str, *args: object) -> str:
         return reverse(f"admin:django_jobs_{name}", args=args)
@@ -128,7 +133,7 @@ def pages() -> list[tuple[str, int]]:
                 "recurringtask",
             )
         ),
-        *(admin_url(f"{model}_changelist") for model in ("batch", "process")),
+        *(admin_url(f"{model}_changelist") for model in ("batch", "process", "workflow")),
         admin_url("job_changelist") + "?status__exact=failed",
         admin_url("job_changelist") + "?q=boom",
         admin_url("job_changelist") + f"?batch={Batch.objects.order_by('pk').first().pk}",
@@ -138,20 +143,21 @@ def pages() -> list[tuple[str, int]]:
         urls.append(admin_url("job_change", pk))
         if status == JobStatus.BLOCKED:
             urls.append(admin_url("job_run_now", pk))  # the confirmation page
-    urls += [admin_url("batch_change", pk) for pk in Batch.objects.values_list("pk", flat=True)]
-    urls += [admin_url("process_change", pk) for pk in Process.objects.values_list("pk", flat=True)]
+    rows = (("job", Job), ("batch", Batch), ("process", Process), ("workflow", Workflow))
+    for model, row in rows[1:]:
+        pks = row.objects.values_list("pk", flat=True)
+        urls += [admin_url(f"{model}_change", pk) for pk in pks]
     for model, pk in (
         ("job", Job.objects.first().pk),
         ("batch", Batch.objects.first().pk),
         ("process", Process.objects.first().pk),
+        ("workflow", Workflow.objects.first().pk),
     ):
         urls.append(admin_url(f"{model}_history", pk))
     checked = [(url, 200) for url in urls]
-    checked += [(admin_url(f"{model}_add"), 403) for model in ("job", "batch", "process")]
-    checked += [
-        (admin_url(f"{model}_delete", row.objects.first().pk), 403)
-        for model, row in (("job", Job), ("batch", Batch), ("process", Process))
-    ]
+    models = ("job", "batch", "process", "workflow")
+    checked += [(admin_url(f"{model}_add"), 403) for model in models]
+    checked += [(admin_url(f"{model}_delete", row.objects.first().pk), 403) for model, row in rows]
     return checked
 
 
