@@ -12,7 +12,7 @@ import pytest
 from django.db import connection  # noqa: F401  (skipif reads it)
 
 from django_jobs import workflow
-from django_jobs.core import claimed, dependencies, workflows
+from django_jobs.core import claimed, dependencies, dependency_graph, workflows
 from django_jobs.core.claimed import fail_job, finish_job
 from django_jobs.core.operator import cancel_job
 from django_jobs.core.processes import register_process
@@ -231,7 +231,7 @@ def race_enqueue_against_parent_finish(monkeypatch, worker, known: bool) -> int:
     parent = wt.step.enqueue("parent")
     (job,) = claimed_parents(worker, 1)
     assert job.pk == int(parent.id) and job.workflow_id is None
-    paused = Paused(monkeypatch, dependencies, "mark_parents")
+    paused = Paused(monkeypatch, dependency_graph, "mark_parents")
     enqueueing = Runner(lambda: int(wt.merge.using(after=[parent]).enqueue().id), paused)
     enqueueing.start()
     assert paused.reached.wait(10)  # the edge is decided, nothing committed
@@ -265,10 +265,12 @@ def test_unprotected_an_unlocked_read_of_the_parent_strands_the_job(monkeypatch,
             .filter(pk__in=sorted(ids))
             .values_list("pk", "status", "workflow_id")
         )
-        return {pk: dependencies.ParentRow(status, workflow_id) for pk, status, workflow_id in rows}
+        return {
+            pk: dependency_graph.ParentRow(status, workflow_id) for pk, status, workflow_id in rows
+        }
 
-    monkeypatch.setattr(dependencies, "lock_parents", unlocked_parents)
-    monkeypatch.setattr(dependencies, "mark_parents", lambda db, parents, workflow_id: None)
+    monkeypatch.setattr(dependency_graph, "lock_parents", unlocked_parents)
+    monkeypatch.setattr(dependency_graph, "mark_parents", lambda db, parents, workflow_id: None)
     child = race_enqueue_against_parent_finish(monkeypatch, worker, known=True)
     # The enqueue saw its parent running and counted it; the finish, which saw no edge,
     # released nothing: the job waits for a job that has ended.

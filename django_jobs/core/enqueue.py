@@ -25,7 +25,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from django_jobs.core.admission import admit_jobs
-from django_jobs.core.dependencies import Graph, check_databases, graph_of, write_graph
+from django_jobs.core.dependency_graph import Graph, check_databases, graph_of, write_graph
 from django_jobs.core.uniqueness import insert_unique, retry_after, unique_in_key_order
 from django_jobs.db import features, ops
 from django_jobs.db.transactions import hot_transaction

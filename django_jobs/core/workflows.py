@@ -26,7 +26,8 @@ from django.utils import timezone
 
 from django_jobs.core import dependencies
 from django_jobs.core.batches import CALLBACK_NAMES, backend_of, callback_spec, current_job_id
-from django_jobs.core.dependencies import Graph, dependency_ids
+from django_jobs.core.dependencies import dependency_ids
+from django_jobs.core.dependency_graph import Graph
 from django_jobs.core.enqueue import bulk_enqueue
 from django_jobs.core.operator import cancel_job, request_cancel
 from django_jobs.core.uniqueness import retry_after
