@@ -28,13 +28,14 @@ key therefore cannot take its semaphore here (that would be a semaphore after an
 row): it goes in as scheduled, due now, and is admitted right after the commit
 (:func:`promote_after_commit`) or by the dispatcher, like a batch callback with a key.
 
-The enqueue side (``core/dependency_graph.py``, ``write_graph``) locks the rows of the jobs it waits for that already
-exist, and reads their status under that lock: a parent's end and the edge to it serialise
-on the parent's row, so a parent ending as the edge is written is either seen ended (and
-counted at once) or sees the edge (and settles it). It also marks each such parent with a
-workflow: a finish reads that mark under the same lock (``Operations.lock_held_claims``;
-PostgreSQL's one-statement finish rechecks it as it updates the row) to know it has
-dependents to look for, so jobs of no workflow never pay for any of this.
+The enqueue side (``core/dependency_graph.py``, ``write_graph``) locks the rows of the
+jobs it waits for that already exist, and reads their status under that lock: a parent's
+end and the edge to it serialise on the parent's row, so a parent ending as the edge is
+written is either seen ended (and counted at once) or sees the edge (and settles it). It
+also marks each such parent with a workflow: a finish reads that mark under the same lock
+(``Operations.lock_held_claims``; PostgreSQL's one-statement finish rechecks it as it
+updates the row) to know it has dependents to look for, so jobs of no workflow never pay
+for any of this.
 """
 
 from __future__ import annotations
