@@ -184,6 +184,7 @@ INTEGER_SETTINGS: dict[str, tuple[int, int, str, bool]] = {
 # Seconds: > 0 and at most a century (limits.MAX_SECONDS).
 SECONDS_SETTINGS = (
     "polling_interval",
+    "fallback_polling_interval",
     "dispatcher_interval",
     "heartbeat_interval",
     "alive_threshold",
@@ -217,6 +218,18 @@ def number_checks(conf: JobsSettings) -> list[Any]:
         problem = setting_seconds_problem(name, getattr(conf, name), strict=True)
         if problem:
             errors.append(Error(problem, id="django_jobs.E008"))
+    check = conf.ready_check_interval
+    if check is not None:
+        problem = setting_seconds_problem("ready_check_interval", check, strict=True)
+        if problem:
+            errors.append(
+                Error(
+                    problem,
+                    hint="None turns the check off: idle workers then poll every "
+                    "'polling_interval'.",
+                    id="django_jobs.E008",
+                )
+            )
     keep = conf.clear_finished_jobs_after
     if keep is not None:
         problem = setting_seconds_problem("clear_finished_jobs_after", keep, strict=False)

@@ -28,6 +28,13 @@ class JobsSettings:
     threads: int = 3
     single_process: bool = False
     polling_interval: float = 0.2
+    # MariaDB/MySQL and SQLite: seconds between the supervisor's checks for new ready
+    # jobs (one query each), which wake its idle worker processes; None: no check, the
+    # workers poll every ``polling_interval``. While the check runs, an idle worker polls
+    # by itself every ``fallback_polling_interval`` (docs/running.md, "Waking idle
+    # workers on MariaDB/MySQL and SQLite").
+    ready_check_interval: float | None = 0.025
+    fallback_polling_interval: float = 2.0
     dispatcher_interval: float = 1.0
     batch_size: int = 100
     heartbeat_interval: float = 60.0

@@ -92,6 +92,13 @@ DJANGO_JOBS = {
     "threads": env.int("JOBS_THREADS", default=3),
     "processes": env.int("JOBS_PROCESSES", default=1),
     "polling_interval": env.float("JOBS_POLLING_INTERVAL", default=0.2),
+    "fallback_polling_interval": env.float("JOBS_FALLBACK_POLLING_INTERVAL", default=2.0),
+    # MariaDB/SQLite: the supervisor's check for ready jobs; "none" turns it off.
+    "ready_check_interval": (
+        None
+        if env.str("JOBS_READY_CHECK_INTERVAL", default="") == "none"
+        else env.float("JOBS_READY_CHECK_INTERVAL", default=0.025)
+    ),
     "dispatcher_interval": env.float("JOBS_DISPATCHER_INTERVAL", default=1.0),
     "heartbeat_interval": env.float("JOBS_HEARTBEAT_INTERVAL", default=60.0),
     "alive_threshold": env.float("JOBS_ALIVE_THRESHOLD", default=300.0),

@@ -37,6 +37,8 @@ DOCUMENTED: dict[str, tuple[str, float, bool, float, bool, str]] = {
     "max_result_size": ("int", 1, False, GIB, False, "E024"),
     "max_error_size": ("int", 1000, False, GIB, False, "E024"),
     "polling_interval": ("seconds", 0, True, MAX_SECONDS, False, "E008"),
+    "fallback_polling_interval": ("seconds", 0, True, MAX_SECONDS, False, "E008"),
+    "ready_check_interval": ("seconds", 0, True, MAX_SECONDS, True, "E008"),
     "dispatcher_interval": ("seconds", 0, True, MAX_SECONDS, False, "E008"),
     "heartbeat_interval": ("seconds", 0, True, MAX_SECONDS, False, "E008"),
     "alive_threshold": ("seconds", 0, True, MAX_SECONDS, False, "E008"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from multiprocessing.connection import Connection
 from typing import Any
 
 from django_jobs.conf import JobsSettings
@@ -20,6 +21,7 @@ from django_jobs.runtime.logs import configure_logging
 from django_jobs.runtime.recycling import ABANDONED_EXIT_CODE, RECYCLE_EXIT_CODE
 from django_jobs.runtime.registration import registered
 from django_jobs.runtime.scheduler import run_scheduler
+from django_jobs.runtime.wakeup import WakeFeed
 from django_jobs.runtime.worker import Worker
 from django_jobs.text import jobs_logger
 
@@ -27,7 +29,11 @@ logger = jobs_logger("django_jobs.supervisor")
 
 
 def run_role(
-    kind: str, conf: JobsSettings, lifecycle: Lifecycle, supervisor_id: int | None
+    kind: str,
+    conf: JobsSettings,
+    lifecycle: Lifecycle,
+    supervisor_id: int | None,
+    wake: Connection | None = None,
 ) -> None:
     """Register as ``kind``, run its loop until stopped, then deregister."""
     if kind == Process.Kind.SCHEDULER:
@@ -44,13 +50,20 @@ def run_role(
             conf.threads,
         )
         if kind == Process.Kind.WORKER:
-            Worker(conf, process.pk, process.name, lifecycle, recycle=True).run()
+            feed = WakeFeed(wake, lifecycle) if wake is not None else None
+            Worker(conf, process.pk, process.name, lifecycle, recycle=True, wake_feed=feed).run()
         else:
             Dispatcher(conf, lifecycle, alive=(process.pk, supervisor_id)).run()
     logger.info("%s stopped: %s", kind, process.name)
 
 
-def run_child(kind: str, overrides: dict[str, Any], supervisor_id: int, verbosity: int) -> None:
+def run_child(
+    kind: str,
+    overrides: dict[str, Any],
+    supervisor_id: int,
+    verbosity: int,
+    wake: Connection | None = None,
+) -> None:
     """Body of a spawned child process (see ``entry.child_main``); exits the process."""
     os.setpgrp()
     configure_logging(verbosity)
@@ -68,7 +81,7 @@ def run_child(kind: str, overrides: dict[str, Any], supervisor_id: int, verbosit
     threading.Thread(target=watch_parent, daemon=True, name="django-jobs-parent-watch").start()
     code = 1  # unless run_role returns: then as it ended
     try:
-        run_role(kind, conf, lifecycle, supervisor_id)
+        run_role(kind, conf, lifecycle, supervisor_id, wake)
         if lifecycle.leaves_claims:
             code = ABANDONED_EXIT_CODE
         elif lifecycle.broken:

@@ -6,6 +6,12 @@ process group, so a Ctrl-C in the terminal reaches only the supervisor, which
 then asks each child once, with SIGUSR1: a graceful stop that a SIGTERM sent to
 every process at once (systemd, Heroku, a container runtime) does not turn into
 a child's "second SIGTERM", which would mean "immediate".
+
+On MariaDB/MySQL and SQLite the supervisor also runs the host's one check for
+ready jobs (``runtime/wakeup.py``) and hands each worker process the read end of
+a pipe it writes to: the supervisor already outlives its workers and replaces
+them, so one query here wakes them all instead of each polling fast. A failing
+check never stops the supervisor: the workers fall back to polling.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from django_jobs.runtime.entry import child_main
 from django_jobs.runtime.lifecycle import Lifecycle
 from django_jobs.runtime.recycling import ABANDONED_EXIT_CODE, RECYCLE_EXIT_CODE
 from django_jobs.runtime.registration import registered
+from django_jobs.runtime.wakeup import ReadyCheck, ready_check_applies
 from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.supervisor")
@@ -57,6 +64,7 @@ class Supervisor:
         if conf.recurring:
             self.children.append(Child(Process.Kind.SCHEDULER, 0))
         self.process_id: int | None = None
+        self.ready_check: ReadyCheck | None = None
 
     def run(self) -> None:
         with registered(
@@ -72,22 +80,37 @@ class Supervisor:
                 self.conf.threads,
                 " + scheduler" if self.conf.recurring else "",
             )
+            if ready_check_applies(self.conf):
+                self.ready_check = ReadyCheck(self.conf, self.lifecycle)
             try:
                 for child in self.children:
                     self.start(child)
+                if self.ready_check is not None:
+                    self.ready_check.start()
                 self.monitor()
             finally:
                 self.stop_children()
+                if self.ready_check is not None:
+                    self.ready_check.close()
         logger.info("supervisor stopped")
 
     def start(self, child: Child) -> None:
+        reader = writer = None
+        if self.ready_check is not None and child.kind == Process.Kind.WORKER:
+            reader, writer = self.context.Pipe(duplex=False)
         child.process = self.context.Process(
             target=child_main,
-            args=(str(child.kind.value), self.overrides, self.process_id, self.verbosity),
+            args=(str(child.kind.value), self.overrides, self.process_id, self.verbosity, reader),
             name=f"django-jobs-{child.kind}-{child.slot}",
             daemon=False,
         )
-        child.process.start()
+        try:
+            child.process.start()
+        finally:
+            if reader is not None:
+                reader.close()  # the child has its own copy; ours would keep the pipe open
+        if self.ready_check is not None and writer is not None:
+            self.ready_check.attach(child.slot, writer)
         child.started_at = time.monotonic()
 
     def monitor(self) -> None:

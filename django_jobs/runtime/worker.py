@@ -23,6 +23,7 @@ from django_jobs.runtime.executor import execute_job, start_claimed
 from django_jobs.runtime.lifecycle import Lifecycle
 from django_jobs.runtime.listener import start_listener
 from django_jobs.runtime.recycling import RecyclePolicy
+from django_jobs.runtime.wakeup import WakeFeed
 from django_jobs.runtime.watchdog import Watchdog
 from django_jobs.tasks.loading import load_task
 from django_jobs.text import jobs_logger
@@ -54,6 +55,7 @@ class Worker:
         *,
         once: bool = False,
         recycle: bool = False,
+        wake_feed: WakeFeed | None = None,
     ) -> None:
         self.conf = conf
         self.db = conf.database
@@ -61,6 +63,8 @@ class Worker:
         self.selector = QueueSelector(conf.queues)
         self.lifecycle = lifecycle
         self.once = once
+        # On MariaDB/MySQL and SQLite, the supervisor's check for ready jobs (wakeup.py).
+        self.wake_feed = wake_feed
         self.ctx = ExecutionContext(
             db=self.db,
             process_id=process_id,
@@ -120,6 +124,9 @@ class Worker:
         self.watchdog.start()
         # On PostgreSQL, a NOTIFY for a new ready job sets wake (see listener.py).
         listener = None if self.once else start_listener(self.conf, self.selector, self.lifecycle)
+        # Elsewhere, the supervisor's check for ready jobs sets it (see wakeup.py).
+        if self.wake_feed is not None:
+            self.wake_feed.start()
         try:
             while not self.lifecycle.stopping.is_set():
                 if self.recycle is not None and (reason := self.recycle.reason()):
@@ -160,12 +167,20 @@ class Worker:
                     return
                 # Until a thread frees up or a job is notified (they set wake), or
                 # the next poll is due.
-                self.lifecycle.sleep(self.conf.polling_interval)
+                self.lifecycle.sleep(self.idle_wait())
         finally:
             if listener is not None:
                 listener.stop()
             self.shutdown()
             self.watchdog.stop()
+
+    def idle_wait(self) -> float:
+        """Seconds until the next poll of an idle worker: the fallback interval while the
+        supervisor's check for ready jobs wakes it (it wakes the worker too when it goes
+        quiet, so a long fallback never outlives it), else ``polling_interval``."""
+        if self.wake_feed is not None and self.wake_feed.live:
+            return self.conf.fallback_polling_interval
+        return self.conf.polling_interval
 
     def queue_is_empty(self) -> bool:
         """In --once mode: nothing due or ready for our queues, nothing of ours claimed."""
