@@ -13,8 +13,10 @@ the same database, in the same run: enqueue one by one, bulk enqueue, drain N
 no-op jobs by real worker processes (``run_jobs`` and ``db_worker`` started as
 subprocesses), drain jobs with concurrency keys (ours only), latency from
 enqueue to start with idle workers, and claim rate with a big table against
-an empty one. Phase "procrastinate" (PostgreSQL only) puts Procrastinate, the
-second peer, through the same enqueue, drain and latency. Phase "limit"
+an empty one. Phases "procrastinate" and "oban" (PostgreSQL only) put
+Procrastinate and Oban for Python, the other peers, through the same enqueue,
+drain and latency. Every drain also reads the CPU time its workers' processes
+spent (/proc), printed per job. Phase "limit"
 (PostgreSQL only) drains the same number of jobs with a minimal raw-SQL queue
 (bench/limit_queue.py) and the same processes x threads: every drain is also
 printed as a share of that ceiling. Phase "concurrent" compares ours with ours
@@ -74,6 +76,7 @@ PHASES = (
     "rated",
     "workflow",
     "procrastinate",
+    "oban",
     "latency",
     "claims",
     "prefix",
@@ -83,6 +86,7 @@ PEER = "peer"  # the TASKS alias of django-tasks-db in bench/settings.py
 PEER_QUEUE = "default"  # db_worker's default --queue-name, where peer_noop goes
 PROCRASTINATE_FLAG = "JOBS_BENCH_PROCRASTINATE"  # bench/settings.py installs its app with it
 PROCRASTINATE_APP = "procrastinate.contrib.django"
+OBAN_QUEUE = "default"  # the queue of bench/oban_tasks.py's Noop, the one its workers run
 PREFIX_PATTERN = "reports*"
 PREFIX_QUEUES = ("reports", "reports-daily")  # declared in testproject/settings.py
 
@@ -400,6 +404,54 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # units of /proc/PID/stat's CPU times
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """CPU time of a process in clock ticks, None if it is gone: utime + stime (fields 14
+    and 15 of /proc/PID/stat, every thread's) plus cutime + cstime (16, 17: those of its
+    children it has waited for). The children's share keeps a worker process that exits
+    during a drain (recycled) in the sum once its parent, also a worker, reaps it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # fields[0] is field 3, the state
+    return sum(int(value) for value in fields[11:15])
+
+
+def cpu_snapshot(workers: Workers) -> dict[int, int]:
+    """Clock ticks so far of every live process of the workers' sessions, by pid."""
+    ticks = {pid: cpu_ticks(pid) for pid in workers.members()}
+    return {pid: value for pid, value in ticks.items() if value is not None}
+
+
+def cpu_used(before: dict[int, int], after: dict[int, int], jobs: int) -> dict[str, Any]:
+    """Worker CPU between two snapshots, summed over every process, and per job.
+
+    A process that started in between counts from zero. One that ended in
+    between is missing from ``after``: its ticks reached its parent's cutime
+    and cstime if a process of the sessions reaped it (how run_jobs recycles
+    a worker), and are lost otherwise; the note says how many ended.
+    """
+    ticks = sum(after.values()) - sum(before.get(pid, 0) for pid in after)
+    ended = [pid for pid in before if pid not in after]
+    seconds = ticks / CLOCK_TICKS
+    return {
+        "ms_per_job": seconds * 1000 / jobs,
+        "cpu_s": seconds,
+        "processes": len(after),
+        "started": len([pid for pid in after if pid not in before]),
+        "ended": len(ended),
+        "clock_ticks_per_s": CLOCK_TICKS,
+    }
+
+
+def cpu_note(cpu: dict[str, Any]) -> str:
+    ended = f", {cpu['ended']} ended during it" if cpu["ended"] else ""
+    return f"{cpu['cpu_s']:.2f} s over {cpu['processes']} processes{ended}"
+
+
 class WorkerCrashed(RuntimeError):
     pass
 
@@ -539,6 +591,9 @@ class Drain:
     wall_s: float  # from the enqueue's commit to the poll that saw all finished
     plant_s: float
     rss: dict[str, Any] = field(default_factory=dict)
+    # User + system CPU of every process of the workers' sessions, from just before the
+    # enqueue's commit to the poll that saw all finished (see cpu_used).
+    cpu: dict[str, Any] = field(default_factory=dict)
 
 
 class Bench(Protocol):
@@ -759,6 +814,16 @@ class Peer:
         return 1
 
 
+def libpq_dsn() -> str:
+    """The harness's database as a libpq connection string, for queues that connect
+    without Django (the limit queue, Oban)."""
+    from psycopg.conninfo import make_conninfo
+
+    params = connection.get_connection_params()
+    libpq = {k: v for k, v in params.items() if isinstance(v, str | int) and k != "autocommit"}
+    return make_conninfo(**libpq)
+
+
 class Limit:
     """The limit phase's raw-SQL queue (bench/limit_queue.py): its own table and worker
     processes, the same database, the harness's own psycopg connection. PostgreSQL only."""
@@ -767,15 +832,12 @@ class Limit:
 
     def __init__(self, processes: int, threads: int, batch: int) -> None:
         import psycopg
-        from psycopg.conninfo import make_conninfo
 
         from bench import limit_queue
 
         self.queue = limit_queue
         self.processes, self.threads, self.batch = processes, threads, batch
-        params = connection.get_connection_params()
-        libpq = {k: v for k, v in params.items() if isinstance(v, str | int) and k != "autocommit"}
-        self.dsn = make_conninfo(**libpq)
+        self.dsn = libpq_dsn()
         self.conn = psycopg.connect(self.dsn, autocommit=True, application_name="bench harness")
         limit_queue.create(self.conn)
 
@@ -916,6 +978,133 @@ class Procrastinate:
         raise NotImplementedError("Procrastinate is not in the claims phase")
 
 
+class Oban:
+    """Oban for Python (the ``oban`` package): P worker processes, each its documented
+    runner ``oban start --queues default:T`` (T = ours' threads), LISTEN/NOTIFY on (its
+    default notifier), every other option at its default. Jobs are enqueued by the
+    harness through an Oban instance in client mode (no queues) on an async psycopg
+    pool of its own, on an event loop of the harness: Oban's API is async only. Its
+    schema is installed for the phase and dropped after. PostgreSQL only."""
+
+    name = "oban"
+
+    def __init__(self, processes: int, limit: int) -> None:
+        import psycopg
+        from oban import Oban as Instance
+        from oban.schema import install_sql
+
+        try:
+            from uvloop import new_event_loop  # its CLI's loop, one of its dependencies
+        except ImportError:
+            from asyncio import new_event_loop
+
+        from bench import oban_tasks
+
+        self.processes, self.limit = processes, limit
+        self.worker = oban_tasks.Noop
+        self.dsn = libpq_dsn()
+        self.conn = psycopg.connect(self.dsn, autocommit=True, application_name="bench harness")
+        self.conn.execute(install_sql())
+        self.loop = new_event_loop()
+        self.pool = self.loop.run_until_complete(Instance.create_pool(self.dsn))
+        self.instance = Instance(pool=self.pool)  # client mode: enqueues, runs nothing
+
+    def close(self) -> None:
+        """Drop its tables and type: the phase leaves nothing behind in the bench database."""
+        from oban.schema import uninstall_sql
+
+        self.loop.run_until_complete(self.pool.close())
+        self.loop.close()
+        self.conn.execute(uninstall_sql())
+        self.conn.close()
+
+    def reset(self) -> None:
+        self.conn.execute("TRUNCATE oban_jobs, oban_leaders, oban_producers RESTART IDENTITY")
+
+    def environment(self) -> dict[str, str]:
+        return worker_environment(OBAN_DSN=self.dsn)
+
+    def commands(self) -> list[list[str]]:
+        command = [
+            sys.executable,
+            "-m",
+            "oban",
+            "start",
+            "--queues",
+            f"{OBAN_QUEUE}:{self.limit}",
+            "--cron-modules",  # imports the worker at start, instead of grepping the tree
+            "bench.oban_tasks",
+        ]
+        return [command] * self.processes
+
+    def wait_ready(self, workers: Workers) -> None:
+        """``oban start`` logs this once its notifier listens and its producers run."""
+
+        def started() -> bool:
+            return all("Oban started" in text for text in workers.log_text())
+
+        wait_until(started, workers, "Oban's workers to start", START_TIMEOUT)
+        time.sleep(SETTLE)
+
+    def enqueue_one(self) -> str:
+        """``Worker.enqueue()``: one INSERT (its NOTIFY inside) on a pool connection, then
+        the pool's commit."""
+        return str(self.loop.run_until_complete(self.worker.enqueue()).id)
+
+    def enqueue_one_in_transaction(self) -> str:
+        """Its way to enqueue inside the caller's transaction: ``conn=`` an async psycopg
+        connection inside ``conn.transaction()``, which it joins."""
+
+        async def enqueue() -> str:
+            async with self.pool.connection() as conn, conn.transaction():
+                return str((await self.worker.enqueue(conn=conn)).id)
+
+        return self.loop.run_until_complete(enqueue())
+
+    def enqueue_many(self, count: int) -> None:
+        """``enqueue_many()``: one connection, one transaction, one INSERT per job (bulk
+        inserts are Oban Pro's)."""
+        jobs = [self.worker.new() for _ in range(count)]
+        self.loop.run_until_complete(self.instance.enqueue_many(jobs))
+
+    def scalar(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        row = self.conn.execute(sql, params).fetchone()
+        return row[0] if row else None
+
+    def row_count(self) -> int:
+        return self.scalar("SELECT count(*) FROM oban_jobs")
+
+    def finished_count(self) -> int:
+        states = ["completed", "discarded", "cancelled"]
+        return self.scalar("SELECT count(*) FROM oban_jobs WHERE state::text = ANY(%s)", (states,))
+
+    def failed_count(self) -> int:
+        return self.scalar("SELECT count(*) FROM oban_jobs WHERE state <> 'completed'")
+
+    def span(self) -> tuple[datetime, datetime]:
+        """Its own timestamps (UTC, without a zone): first attempted_at, last completed_at."""
+        row = self.conn.execute("SELECT min(attempted_at), max(completed_at) FROM oban_jobs")
+        first, last = row.fetchone()
+        return first, last
+
+    def latencies_ms(self, ids: list[str]) -> list[float]:
+        """attempted_at - inserted_at: both set by the database, in the same clock."""
+        rows = self.conn.execute(
+            "SELECT attempted_at - inserted_at FROM oban_jobs WHERE id = ANY(%s)",
+            ([int(pk) for pk in ids],),
+        ).fetchall()
+        return [ms(delta) for (delta,) in rows]
+
+    def rss(self, workers: Workers) -> dict[str, Any]:
+        return rss_summary({"worker": [rss_mb(pid) for pid in workers.members()]}, ("worker",))
+
+    def plant(self, finished: int, ready: int) -> None:
+        raise NotImplementedError("Oban is not in the claims phase")
+
+    def claim(self, limit: int) -> int:
+        raise NotImplementedError("Oban is not in the claims phase")
+
+
 def ms(delta: timedelta) -> float:
     return delta.total_seconds() * 1000
 
@@ -975,13 +1164,18 @@ def check_rows(bench: Bench, expected: int) -> None:
 def enqueue_rate(bench: Bench, count: int, atomic: bool = False) -> Rate:
     """``enqueue()`` one by one, each in its own autocommit transaction, after a warm-up;
     with ``atomic``, each inside ``transaction.atomic()`` of its own, as in a view under
-    ``ATOMIC_REQUESTS`` (the enqueue is then a statement of the caller's transaction)."""
+    ``ATOMIC_REQUESTS`` (the enqueue is then a statement of the caller's transaction).
+    A queue that cannot join Django's transactions (Oban: async only) has its own
+    ``enqueue_one_in_transaction()``, the caller's transaction as it understands it."""
     bench.reset()
     bench.enqueue_one()
+    own = getattr(bench, "enqueue_one_in_transaction", None)
 
     def enqueue(n: int) -> int:
         for _ in range(n):
-            if atomic:
+            if atomic and own is not None:
+                own()
+            elif atomic:
                 with transaction.atomic():
                     bench.enqueue_one()
             else:
@@ -1009,23 +1203,27 @@ def drain(bench: Bench, jobs: int, plant: Callable[[], None], log_dir: Path, lab
     Startup is not counted: the rate runs from the first job's start to the
     last one's finish, as the rows record them, and the wall time from the
     commit that made the jobs visible to the poll that saw the last finished.
-    Memory is read while the workers still run, after all that work.
+    Memory is read while the workers still run, after all that work; their
+    CPU time over the same span as the wall time (plus the enqueue, which
+    they do not take part in), from /proc before and after.
     """
     bench.reset()
     with Workers(bench.commands(), log_dir, label, bench.environment()) as workers:
         bench.wait_ready(workers)
+        ticks = cpu_snapshot(workers)
         began = time.perf_counter()
         plant()
         committed = time.perf_counter()
         wait_finished(bench, workers, jobs)
         wall = time.perf_counter() - committed
+        cpu = cpu_used(ticks, cpu_snapshot(workers), jobs)
         rss = bench.rss(workers)
     failed = bench.failed_count()
     if failed:
         raise RuntimeError(f"{bench.name}: {failed:,} of {jobs:,} jobs did not succeed")
     first, last = bench.span()
     span = (last - first).total_seconds()
-    return Drain(jobs, jobs / span, span, wall, committed - began, rss)
+    return Drain(jobs, jobs / span, span, wall, committed - began, rss, cpu)
 
 
 def latency(bench: Bench, samples: int, interval_ms: float, log_dir: Path) -> list[float]:
@@ -1113,6 +1311,7 @@ class Figure:
     higher_is_better: bool = True
     note: str = ""
     procrastinate: float | None = None
+    oban: float | None = None
 
     def against(self, theirs: float | None) -> float | None:
         if not self.ours or not theirs:
@@ -1127,11 +1326,16 @@ class Figure:
     def procrastinate_ratio(self) -> float | None:
         return self.against(self.procrastinate)
 
+    @property
+    def oban_ratio(self) -> float | None:
+        return self.against(self.oban)
+
     def as_json(self) -> dict[str, Any]:
         return {
             **asdict(self),
             "ratio": self.ratio,
             "procrastinate_ratio": self.procrastinate_ratio,
+            "oban_ratio": self.oban_ratio,
             "ratio_is": "ours / peer" if self.higher_is_better else "peer / ours",
         }
 
@@ -1164,6 +1368,7 @@ class Report:
     limit: dict[str, float] = field(default_factory=dict)  # the limit queue's rates
     shares: list[Share] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # phases that did not run, and why
+    notes: list[str] = field(default_factory=list)  # how a peer's figure was made, printed
 
     def figure(self, key: str, label: str, unit: str, higher_is_better: bool = True) -> Figure:
         """The line ``key``, added empty if no phase made it yet (peers fill in their
@@ -1214,6 +1419,7 @@ ENQUEUE_FIGURE = ("enqueue_rate", "enqueue one by one", "jobs/s")
 ENQUEUE_ATOMIC_FIGURE = ("enqueue_atomic_rate", "enqueue one by one, in atomic()", "jobs/s")
 DRAIN_FIGURES = (("drain_rate", "drain no-op jobs", "jobs/s"),)
 DRAIN_WALL_FIGURE = ("drain_wall", "drain wall time", "s", False)
+CPU_FIGURE = ("worker_cpu_per_job", "worker CPU per job", "ms", False)
 RSS_FIGURES = (
     ("max_mb", "worker RSS, largest process", "ours: workers + supervisor"),
     ("sum_mb", "worker RSS, sum", "ours: workers + supervisor"),
@@ -1491,6 +1697,9 @@ def phase_drain(run: Run) -> None:
     for key, label, note in RSS_FIGURES:
         figure = run.report.figure(f"rss_{key[:-3]}", label, "MB", False)
         figure.ours, figure.peer, figure.note = ours.rss[key], peer.rss[key], note
+    cpu = run.report.figure(*CPU_FIGURE)
+    cpu.ours, cpu.peer = ours.cpu["ms_per_job"], peer.cpu["ms_per_job"]
+    cpu.note = f"user+system, every worker process; ours: {cpu_note(ours.cpu)}"
     run.report.shares += [
         Share("drain_ours", "ours, drain no-op jobs", ours.rate, "drain"),
         Share("drain_peer", "django-tasks-db, drain no-op jobs", peer.rate, "drain"),
@@ -1522,7 +1731,12 @@ def drain_against_plain(
     count, keys = run.sizes.jobs, run.sizes.keys
     progress(f"{name} drain: {count:,} jobs over {keys:,} keys, ours")
     result = drain(run.ours, count, lambda: enqueue(count, keys), run.log_dir, f"ours-{name}")
-    run.report.figures.append(Figure(f"{name}_drain_rate", label, "jobs/s", result.rate, None))
+    note = f"worker CPU {result.cpu['ms_per_job']:.2f} ms/job"
+    if run.plain_drain is not None:
+        note += f" (unlimited: {run.plain_drain.cpu['ms_per_job']:.2f})"
+    run.report.figures.append(
+        Figure(f"{name}_drain_rate", label, "jobs/s", result.rate, None, note=note)
+    )
     run.report.shares.append(Share(f"{name}_drain_ours", f"ours, {label}", result.rate, "drain"))
     run.report.details[f"{name}_drain"] = asdict(result)
     if run.plain_drain is not None:
@@ -1757,7 +1971,8 @@ def phase_limit(run: Run) -> None:
     finally:
         limit.close()
     rate = statistics.median(d.rate for d in drains)
-    run.report.limit = {"enqueue": enqueue.median, "drain": rate}
+    cpu = statistics.median(d.cpu["ms_per_job"] for d in drains)
+    run.report.limit = {"enqueue": enqueue.median, "drain": rate, "cpu_ms_per_job": cpu}
     run.report.details["limit"] = {
         "processes": ours.processes,
         "threads": ours.threads,
@@ -1801,6 +2016,7 @@ def phase_procrastinate(run: Run) -> None:
     run.report.figure(*DRAIN_WALL_FIGURE).procrastinate = result.wall_s
     for key, label, _ in RSS_FIGURES:
         run.report.figure(f"rss_{key[:-3]}", label, "MB", False).procrastinate = result.rss[key]
+    run.report.figure(*CPU_FIGURE).procrastinate = result.cpu["ms_per_job"]
     cuts = percentiles(
         latency(bench, sizes.latency_samples, sizes.latency_interval_ms, run.log_dir)
     )
@@ -1817,6 +2033,65 @@ def phase_procrastinate(run: Run) -> None:
         "drain": asdict(result),
         "latency_ms": cuts,
         "task": run.procrastinate_task,
+    }
+
+
+def oban_unavailable() -> str | None:
+    """Why Oban cannot run here, or None if it can."""
+    if connection.vendor != "postgresql":
+        return f"PostgreSQL only (its schema is PostgreSQL's), not {connection.vendor}"
+    if find_spec("oban") is None:
+        return "oban is not installed (pip install -e '.[bench]')"
+    return None
+
+
+def phase_oban(run: Run) -> None:
+    """Oban for Python through the same enqueue (autocommit and in a transaction), drain
+    and latency as the others."""
+    why = oban_unavailable()
+    if why:
+        run.report.skip("oban", why)
+        return
+    sizes, ours = run.sizes, run.ours
+    bench = Oban(ours.processes, ours.threads)
+    progress(
+        f"oban: {sizes.enqueue:,} enqueued one by one (autocommit, then each in a transaction), "
+        f"{sizes.jobs:,} drained by {bench.processes} x oban start --queues "
+        f"{OBAN_QUEUE}:{bench.limit}, {sizes.latency_samples:,} latency samples"
+    )
+    try:
+        enqueue = enqueue_rate(bench, sizes.enqueue)
+        atomic = enqueue_rate(bench, sizes.enqueue, True)
+        plant = lambda: bench.enqueue_many(sizes.jobs)  # noqa: E731
+        result = drain(bench, sizes.jobs, plant, run.log_dir, "oban")
+        samples = latency(bench, sizes.latency_samples, sizes.latency_interval_ms, run.log_dir)
+    finally:
+        bench.close()
+    cuts = percentiles(samples)
+    report = run.report
+    report.figure(*ENQUEUE_FIGURE).oban = enqueue.median
+    report.figure(*ENQUEUE_ATOMIC_FIGURE).oban = atomic.median
+    report.figure(*DRAIN_FIGURES[0]).oban = result.rate
+    report.figure(*DRAIN_WALL_FIGURE).oban = result.wall_s
+    for key, label, _ in RSS_FIGURES:
+        report.figure(f"rss_{key[:-3]}", label, "MB", False).oban = result.rss[key]
+    report.figure(*CPU_FIGURE).oban = result.cpu["ms_per_job"]
+    for cut in ("p50", "p95", "p99"):
+        report.figure(*latency_figure(cut)).oban = cuts[cut]
+    report.notes.append(
+        "oban, enqueue in atomic(): Oban's API is async and cannot join Django's atomic(); "
+        "each enqueue is Worker.enqueue(conn=c) inside c.transaction() of an async psycopg "
+        "connection (its documented transactional insert), one job per transaction"
+    )
+    report.shares += [
+        Share("enqueue_oban", "oban, enqueue one by one", enqueue.median, "enqueue"),
+        Share("drain_oban", "oban, drain no-op jobs", result.rate, "drain"),
+    ]
+    report.details["oban"] = {
+        "enqueue": asdict(enqueue),
+        "enqueue_in_transaction": asdict(atomic),
+        "drain": asdict(result),
+        "latency_ms": cuts,
     }
 
 
@@ -2016,6 +2291,7 @@ PHASE_RUNNERS: dict[str, Callable[[Run], None]] = {
     "claims": phase_claims,
     "limit": phase_limit,
     "procrastinate": phase_procrastinate,
+    "oban": phase_oban,
     "prefix": phase_prefix,
 }
 
@@ -2023,34 +2299,53 @@ PHASE_RUNNERS: dict[str, Callable[[Run], None]] = {
 def number(value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:,.1f}" if abs(value) >= 10 else f"{value:,.2f}"
 
 
 def times(ratio: float | None) -> str:
     return f"{ratio:.2f}x" if ratio else "-"
 
 
+# Peers beside django-tasks-db: (Figure attribute, column heading, name).
+PEER_COLUMNS = (("procrastinate", "procrast.", "Procrastinate"), ("oban", "oban", "Oban"))
+
+
 def print_table(report: Report) -> None:
     """The figures, ours against each peer; then each rate against the limit; the checks."""
-    both = any(f.procrastinate is not None for f in report.figures)
-    second = f"{'procrast.':>11}{'ratio':>8}" if both else ""
+    # The other peers' columns, each only when one of its phases ran.
+    extra = [
+        (attr, heading, name)
+        for attr, heading, name in PEER_COLUMNS
+        if any(getattr(f, attr) is not None for f in report.figures)
+    ]
+    headings = "".join(f"{heading:>11}{'ratio':>8}" for _, heading, _ in extra)
     print()
-    print(f"{'figure':<32}{'unit':>7}{'ours':>10}{'tasks-db':>10}{'ratio':>8}{second}  note")
+    print(f"{'figure':<32}{'unit':>7}{'ours':>10}{'tasks-db':>10}{'ratio':>8}{headings}  note")
     for f in report.figures:
-        second = f"{number(f.procrastinate):>11}{times(f.procrastinate_ratio):>8}" if both else ""
+        columns = "".join(
+            f"{number(getattr(f, attr)):>11}{times(f.against(getattr(f, attr))):>8}"
+            for attr, _, _ in extra
+        )
         note = f"{'' if f.higher_is_better else 'lower is better; '}{f.note}".strip("; ")
         print(
             f"{f.label:<32}{f.unit:>7}{number(f.ours):>10}{number(f.peer):>10}"
-            f"{times(f.ratio):>8}{second}  {note}"
+            f"{times(f.ratio):>8}{columns}  {note}"
         )
-    peers = "tasks-db: django-tasks-db" + ("; procrast.: Procrastinate" if both else "")
+    peers = "; ".join(
+        ["tasks-db: django-tasks-db", *(f"{heading}: {name}" for _, heading, name in extra)]
+    )
     print(f"{peers}. ratio > 1: ours is better (rates: ours / peer; times, memory: peer / ours)")
+    for line in report.notes:
+        print(line)
     if report.limit:
         print()
         drains = len(report.details["limit"]["drains"])
         print(
             f"against the limit (raw-SQL queue, same database, same run): drain "
-            f"{number(report.limit['drain'])} jobs/s (median of {drains}), "
+            f"{number(report.limit['drain'])} jobs/s (median of {drains}; worker CPU "
+            f"{report.limit['cpu_ms_per_job']:.2f} ms/job), "
             f"enqueue one by one {number(report.limit['enqueue'])} jobs/s"
         )
         for share in report.shares:
@@ -2136,7 +2431,27 @@ def circumstances(run: Run) -> dict[str, Any]:
             "pool": run.ours.threads + 1,
             "task": run.procrastinate_task,
         },
+        "oban": {
+            "version": version("oban") if find_spec("oban") else None,
+            "licence": oban_licence(),
+            "processes": run.ours.processes,
+            "queue_limit": run.ours.threads,
+            "command": f"oban start --queues {OBAN_QUEUE}:{run.ours.threads} "
+            "--cron-modules bench.oban_tasks",
+        },
+        "worker_cpu": "utime+stime+cutime+cstime of /proc/PID/stat, every process of the "
+        "workers' sessions, from before the drain's enqueue to the poll that saw all finished",
     }
+
+
+def oban_licence() -> str | None:
+    """The licence its package declares (License-Expression, else License)."""
+    if find_spec("oban") is None:
+        return None
+    from importlib.metadata import metadata
+
+    meta = metadata("oban")
+    return meta.get("License-Expression") or meta.get("License")
 
 
 def print_header(info: dict[str, Any], sizes: Sizes) -> None:
@@ -2182,6 +2497,15 @@ def print_header(info: dict[str, Any], sizes: Sizes) -> None:
             f"{procrastinate['concurrency']} (pool of {procrastinate['pool']} connections, "
             f"LISTEN/NOTIFY on, its defaults otherwise), {procrastinate['task']} no-op task, "
             "defer() one by one, batch_defer() for the drain"
+        )
+    oban = info["oban"]
+    if "oban" in info["phases"] and oban_unavailable() is None:
+        print(
+            f"oban {oban['version']} ({oban['licence']}): {oban['processes']} x "
+            f"python -m {oban['command']} (uvloop, LISTEN/NOTIFY, pool of 1-10 connections, "
+            "its defaults otherwise), async no-op worker; Worker.enqueue() one by one from "
+            "an async psycopg pool, enqueue_many() for the drain (one INSERT per job, one "
+            "transaction)"
         )
     print(f"load average at the end: {info['load_average_end']}")
 
