@@ -10,7 +10,7 @@ BEGIN and COMMIT, which Django records too.
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -62,6 +62,13 @@ def claimed_and_started(worker, n: int) -> list[Job]:
 def test_enqueue_one_job():
     # PostgreSQL: the job and its ready row in one statement (no BEGIN/COMMIT).
     assert count(lambda: tasks.add.enqueue(1, 2)) <= budget(1, 4)
+
+
+def test_enqueue_one_job_in_the_callers_transaction():
+    # Inside the caller's atomic(): the writes alone, no SAVEPOINT/RELEASE around them.
+    with transaction.atomic():
+        assert count(lambda: tasks.add.enqueue(1, 2)) <= budget(1, 2)
+    assert Job.objects.filter(status=JobStatus.READY).count() == 1
 
 
 def test_bulk_enqueue_does_not_grow_with_the_jobs():

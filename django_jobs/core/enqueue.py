@@ -137,7 +137,7 @@ def write_calls(
     graph = graph_of(prepared, graph)
     if graph is not None:
         check_databases(db, graph, backend_databases(graph))
-        with hot_transaction(db):
+        with hot_transaction(db, savepoint=False):
             holders = write_graph(db, prepared, graph, insert_unique, unique_in_key_order(prepared))
             held = {index: backend.get_result(str(holder.pk)) for index, holder in holders.items()}
         return results_of(prepared, held)
@@ -147,7 +147,7 @@ def write_calls(
         ops(db).insert_ready_jobs(db, quick)
         results = [build_result(job, task=task) for job, task in prepared]
         return results, results
-    with hot_transaction(db):
+    with hot_transaction(db, savepoint=False):
         if quick:
             ops(db).insert_ready_jobs(db, quick)
         holders = insert_the_others(db, prepared, {id(job) for job in quick})

@@ -1,0 +1,88 @@
+"""The single enqueue on PostgreSQL is sent with server-side binding, so psycopg prepares it
+when the connection allows it (``OPTIONS["prepare_threshold"]``), and never when it does not
+(Django's default, which transaction-mode poolers need). Either way the rows it writes are
+those the ORM would have written."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+
+from django_jobs.models import Job, JobStatus, ReadyExecution
+from tests import tasks
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        connection.vendor != "postgresql", reason="psycopg's prepared statements are PostgreSQL's"
+    ),
+]
+
+INSERT_PREFIX = 'WITH new_jobs AS (INSERT INTO "django_jobs_job"'
+
+
+def prepared_inserts() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            [INSERT_PREFIX.replace("_", r"\_") + "%"],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.fixture
+def threshold() -> Iterator[Callable[[int | None], None]]:
+    """Set the open connection's ``prepare_threshold`` as ``OPTIONS`` would; put it back."""
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.prepare_threshold
+
+    def set_to(value: int | None) -> None:
+        raw.prepare_threshold = value
+
+    yield set_to
+    raw.prepare_threshold = before
+
+
+def test_prepared_when_the_connection_allows_it(threshold):
+    threshold(0)  # prepare on first use
+    results = [
+        tasks.add.enqueue(1, 2),
+        tasks.add.enqueue(3, 4),
+        tasks.echo.enqueue({"nested": ["value", None, 1.5]}),
+        tasks.add.using(priority=-3).enqueue(5, 6),
+    ]
+    with transaction.atomic():
+        results.append(tasks.add.enqueue(7, 8))
+    # Two shapes: add/echo set the same columns; the priority differs in value only.
+    assert prepared_inserts() >= 1
+    jobs = {job.pk: job for job in Job.objects.all()}
+    ids = [int(result.id) for result in results]
+    assert sorted(jobs) == sorted(ids)
+    assert [jobs[pk].args for pk in ids] == [
+        [1, 2],
+        [3, 4],
+        [{"nested": ["value", None, 1.5]}],
+        [5, 6],
+        [7, 8],
+    ]
+    assert jobs[ids[2]].queue_name == "emails" and jobs[ids[2]].priority == 5
+    assert jobs[ids[3]].priority == -3
+    ready = {row.job_id: row for row in ReadyExecution.objects.all()}
+    assert sorted(ready) == sorted(jobs)
+    for job in jobs.values():
+        assert job.status == JobStatus.READY
+        assert ready[job.pk].queue_name == job.queue_name
+        assert ready[job.pk].priority == job.priority
+        assert abs(ready[job.pk].created_at - job.enqueued_at) < timedelta(microseconds=1)
+
+
+def test_nothing_prepared_by_default(threshold):
+    threshold(None)  # Django's default: transaction-mode poolers lose named statements
+    for n in range(10):
+        tasks.add.enqueue(n, n)
+    assert prepared_inserts() == 0
+    assert ReadyExecution.objects.count() == Job.objects.count() == 10
