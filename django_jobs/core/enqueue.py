@@ -137,17 +137,22 @@ def write_calls(
     graph = graph_of(prepared, graph)
     if graph is not None:
         check_databases(db, graph, backend_databases(graph))
-        with hot_transaction(db, savepoint=False):
+        with hot_transaction(db):
             holders = write_graph(db, prepared, graph, insert_unique, unique_in_key_order(prepared))
             held = {index: backend.get_result(str(holder.pk)) for index, holder in holders.items()}
         return results_of(prepared, held)
-    quick = one_statement_jobs(db, prepared)
+    plain = plain_ready_jobs(prepared)
+    quick = plain if features(db).can_insert_ready_in_one_statement else []
     if len(quick) == len(prepared) and len(quick) <= ops(db).insert_chunk_size:
         # One statement, atomic on its own: no BEGIN/COMMIT round trips.
         ops(db).insert_ready_jobs(db, quick)
         results = [build_result(job, task=task) for job, task in prepared]
         return results, results
-    with hot_transaction(db, savepoint=False):
+    # Plain inserts fail only on a database error, which breaks a caller's transaction
+    # anyway: no SAVEPOINT/RELEASE round trips around them inside the caller's atomic().
+    # Any other write (a decision, a check against rows) may raise our own errors after
+    # writing, and its savepoint takes those writes back.
+    with hot_transaction(db, savepoint=len(plain) < len(prepared)):
         if quick:
             ops(db).insert_ready_jobs(db, quick)
         holders = insert_the_others(db, prepared, {id(job) for job in quick})
@@ -187,11 +192,9 @@ def backend_databases(graph: Graph) -> dict[str, str]:
     return databases
 
 
-def one_statement_jobs(db: str, prepared: list[tuple[Job, Task]]) -> list[Job]:
-    """The jobs the database can insert with their ready rows in one statement: those
-    ready at once with nothing to lock or check (no key, not unique, not deferred)."""
-    if not features(db).can_insert_ready_in_one_statement:
-        return []
+def plain_ready_jobs(prepared: list[tuple[Job, Task]]) -> list[Job]:
+    """The jobs ready at once with nothing to lock or check (no key, not unique, not
+    deferred): a database that can inserts them with their ready rows in one statement."""
     return [
         job
         for job, _ in prepared
