@@ -61,6 +61,22 @@ def test_get_result_round_trips_and_rejects_unknown_ids():
         tasks.echo.get_result(result.id)
 
 
+def test_a_results_task_is_the_enqueued_one_shared_until_the_settings_change(settings):
+    first, second = tasks.add.enqueue(1, 2), tasks.add.enqueue(3, 4)
+    other = tasks.add.using(priority=7).enqueue(5, 6)
+    get = default_task_backend.get_result
+    # One task per set of values (a worker builds one per job it runs), its own per value.
+    assert get(first.id).task is get(second.id).task
+    assert (get(other.id).task.priority, get(first.id).task.priority) == (7, 0)
+    mail = tasks.echo.enqueue("x")
+    assert get(mail.id).task.queue_name == "emails"
+    # The queue removed from TASKS: the task as declared, not the one built before.
+    settings.TASKS = {
+        alias: {**conf, "QUEUES": ["default"]} for alias, conf in settings.TASKS.items()
+    }
+    assert get(mail.id).task is tasks.echo
+
+
 def test_aenqueue_works_from_async_code():
     result = async_to_sync(tasks.async_double.aenqueue)(21)
     assert Job.objects.get(pk=int(result.id)).task_path == "tests.tasks.async_double"

@@ -118,6 +118,13 @@ def traced_execution(
         if not api:
             return call(task, job, result)
         trace, propagate, Context = api
+        if not job.trace_context and isinstance(
+            trace.get_tracer_provider(), trace.ProxyTracerProvider
+        ):
+            # No SDK (yet) and no parent to carry: the span would be the invalid one,
+            # and the thread's context has none of its own. A quarter of the cost of a
+            # no-op job in a worker with the API installed but unused.
+            return call(task, job, result)
         # Extracted into an empty context: the worker thread's own must not leak in.
         parent = propagate.extract(job.trace_context or {}, context=Context())
         with trace.get_tracer(TRACER_NAME).start_as_current_span(

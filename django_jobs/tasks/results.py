@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.tasks import Task, TaskResult
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask
@@ -20,7 +23,13 @@ def missing_task(*args, **kwargs):
 
 
 def task_for_job(job: Job) -> Task:
-    """The job's task as it was enqueued (queue, priority, run_after, backend)."""
+    """The job's task as it was enqueued (queue, priority, run_after, backend).
+
+    A worker builds one per job it runs, and ``dataclasses.replace`` validates the
+    task anew each time (its backend looked up, its queue checked): a tenth of a
+    no-op job's CPU. Tasks are frozen, so the one built for the same task object
+    and values is shared, until ``TASKS`` or ``DJANGO_JOBS`` change.
+    """
     try:
         task = load_task(job.task_path)
     except TaskNotFound:
@@ -33,8 +42,12 @@ def task_for_job(job: Job) -> Task:
             backend=job.backend,
             run_after=None,
         )
+    key = (id(task), job.priority, job.queue_name, job.run_after, job.backend)
+    found = _as_enqueued.get(key)
+    if found is not None and found[0] is task:
+        return found[1]
     try:
-        return replace(
+        made = replace(
             task,
             priority=job.priority,
             queue_name=job.queue_name,
@@ -43,7 +56,25 @@ def task_for_job(job: Job) -> Task:
         )
     except InvalidTask:
         # The settings changed since (a queue was removed): report the task as declared.
-        return task
+        made = task
+    if len(_as_enqueued) >= MAX_TASKS_KEPT:
+        _as_enqueued.clear()
+    _as_enqueued[key] = (task, made)
+    return made
+
+
+# Tasks as enqueued, by (id of the declared task, priority, queue, run_after, backend),
+# with the declared task itself: an id is only reused once its object is gone, which
+# the entry's reference forbids.
+_as_enqueued: dict[tuple[Any, ...], tuple[Task, Task]] = {}
+MAX_TASKS_KEPT = 1024
+
+
+@receiver(setting_changed)
+def forget_tasks(*, setting: str, **kwargs: Any) -> None:
+    """A task's validation depends on the backends and their queues."""
+    if setting in ("TASKS", "DJANGO_JOBS"):
+        _as_enqueued.clear()
 
 
 def build_result(
