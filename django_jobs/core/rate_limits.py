@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
+
 from django_jobs.db import ops
 from django_jobs.limits import MAX_SECONDS, is_number
 from django_jobs.models import RateLimit
@@ -145,8 +147,9 @@ class Window:
         self.row.planned = self.planned
 
 
-def ensure_rate_rows(db: str, keys: Iterable[str]) -> None:
-    """Create the missing rows of ``keys``, each in its own short statement.
+def ensure_rate_rows(db: str, keys: Iterable[str], now: datetime | None = None) -> None:
+    """Create the missing rows of ``keys``, in short statements of their own
+    (``Operations.ensure_rate_rows``).
 
     Outside the start transaction on purpose: on InnoDB an ``INSERT IGNORE``
     that meets an existing row takes a shared lock on it, and two transactions
@@ -155,13 +158,7 @@ def ensure_rate_rows(db: str, keys: Iterable[str]) -> None:
     their period (``maintenance.prune_rate_limits``); a start that finds its row
     deleted in between waits a second (``core.starting.decide_rates``).
     """
-    keys = set(keys)
-    existing = set(RateLimit.objects.using(db).filter(key__in=keys).values_list("key", flat=True))
-    missing = sorted(keys - existing)
-    if missing:
-        RateLimit.objects.using(db).bulk_create(
-            [RateLimit(key=key) for key in missing], ignore_conflicts=True
-        )
+    ops(db).ensure_rate_rows(db, set(keys), now or timezone.now())
 
 
 def lock_rate_limits(db: str, keys: Iterable[str]) -> dict[str, Window]:
@@ -169,19 +166,16 @@ def lock_rate_limits(db: str, keys: Iterable[str]) -> dict[str, Window]:
 
     docs/design.md section 4's order, extended: a start locks its claimed rows, then
     these, then (for a job sent back to wait) its semaphore. The order is Python's,
-    by code point, on every database (``Operations.lock_in_key_order``).
+    by code point, on every database (``Operations.lock_rate_rows``).
     """
-    locked = ops(db).lock_in_key_order(RateLimit.objects.using(db), keys)
-    return {row.key: Window(row) for row in locked}
+    return {row.key: Window(row) for row in ops(db).lock_rate_rows(db, keys)}
 
 
-def save_windows(db: str, windows: Iterable[Window], now: datetime) -> None:
+def written_rows(windows: Iterable[Window]) -> list[RateLimit]:
+    """The windows' rows with their new starts and plan set, for the start to write back
+    (``Operations.write_rated_starts``)."""
     rows = []
     for window in windows:
         window.write_back()
-        window.row.updated_at = now
         rows.append(window.row)
-    if rows:
-        RateLimit.objects.using(db).bulk_update(
-            rows, ["starts", "planned", "limit", "period", "updated_at"]
-        )
+    return rows

@@ -14,12 +14,12 @@ from datetime import UTC, datetime, timedelta
 from django.utils import timezone
 
 from django_jobs.core.claimed import end_cancelled
-from django_jobs.core.rate_limits import ensure_rate_rows, lock_rate_limits, save_windows
+from django_jobs.core.rate_limits import ensure_rate_rows, lock_rate_limits, written_rows
 from django_jobs.core.rows import Waiting
 from django_jobs.db import features, ops
 from django_jobs.db.rows import Started, StartRow
 from django_jobs.db.transactions import hot_transaction
-from django_jobs.models import ClaimedExecution, Job, JobStatus, ScheduledExecution
+from django_jobs.models import ClaimedExecution, Job, JobStatus, RateLimit, ScheduledExecution
 from django_jobs.tasks.rates import Rate
 
 
@@ -46,7 +46,7 @@ def start_jobs(db: str, jobs: list[Job], process_id: int, worker_id: str) -> lis
     ids = [job.pk for job in jobs]
     written: Mapping[int, Started | Waiting]
     if any(job.rate_key for job in jobs):
-        ensure_rate_rows(db, {job.rate_key for job in jobs if job.rate_key})
+        ensure_rate_rows(db, {job.rate_key for job in jobs if job.rate_key}, now)
         written = start_locked(db, ids, process_id, worker_id, now)
     elif features(db).can_start_in_one_statement:
         written = ops(db).start_held(db, ids, process_id, worker_id, now)
@@ -75,47 +75,37 @@ def start_locked(
     Returns each job's start as written, or ``Waiting`` for a job over its rate
     limit. Rate-limited keys are locked after the claims (docs/design.md section
     4's order, extended in django_jobs/core/rate_limits.py), and a job sent back
-    frees its concurrency slot after that.
+    frees its concurrency slot after that. The windows and the starts are written
+    last, together (one statement on PostgreSQL): the rate rows are locked already.
     """
+    seam = ops(db)
     with hot_transaction(db):
-        held = list(
-            ClaimedExecution.objects.using(db)
-            .select_for_update()
-            .filter(job_id__in=job_ids, process_id=process_id)
-            .order_by("job_id")
-            .values_list("job_id", flat=True)
-        )
-        if not held:
-            return {}
         # Read under the claims' locks, not taken from the callers' copies, which
         # may be older than an earlier attempt.
-        rows = [
-            StartRow(*values)
-            for values in Job.objects.using(db)
-            .filter(pk__in=held)
-            .order_by("-priority", "pk")
-            .values_list(*StartRow._fields)
-        ]
-        waiting, starts = decide_rates(db, rows, now)
+        rows = seam.lock_start_rows(db, process_id, job_ids)
+        if not rows:
+            return {}
+        waiting, starts, windows = decide_rates(db, rows, now)
         starting = [row for row in rows if row.pk not in waiting]
         written: dict[int, Started | Waiting] = dict(waiting)
-        written.update(ops(db).write_starts(db, starting, worker_id, now, starts))
+        written.update(seam.write_rated_starts(db, windows, starting, worker_id, now, starts))
     return written
 
 
 def decide_rates(
     db: str, rows: list[StartRow], now: datetime
-) -> tuple[dict[int, Waiting], dict[int, datetime]]:
+) -> tuple[dict[int, Waiting], dict[int, datetime], list[RateLimit]]:
     """Admit or send back each rate-limited job of ``rows`` (in claim order), under
     its key's lock; the ones sent back wait as scheduled jobs, their slots freed.
 
-    Returns the jobs sent back, and the recorded start time of each one admitted.
+    Returns the jobs sent back, the recorded start time of each one admitted, and
+    the locked rate rows with their new windows, for the caller to write back.
     """
     waiting: dict[int, Waiting] = {}
     starts: dict[int, datetime] = {}
     rated = [row for row in rows if row.rate_key is not None]
     if not rated:
-        return waiting, starts
+        return waiting, starts, []
     windows = lock_rate_limits(db, {row.rate_key for row in rated if row.rate_key})
     clock = now.timestamp()
     for row in rated:
@@ -134,10 +124,9 @@ def decide_rates(
             starts[row.pk] = at
         else:
             waiting[row.pk] = Waiting(at)
-    save_windows(db, windows.values(), now)
     if waiting:
         wait_for_rate(db, {pk: sent_back.until for pk, sent_back in waiting.items()})
-    return waiting, starts
+    return waiting, starts, written_rows(windows.values())
 
 
 def wait_for_rate(db: str, until: dict[int, datetime]) -> None:

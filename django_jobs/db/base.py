@@ -25,7 +25,7 @@ from django_jobs.limits import later
 if TYPE_CHECKING:
     from django.db.models import Q
 
-    from django_jobs.models import Job, Semaphore
+    from django_jobs.models import Job, RateLimit, Semaphore
 
 RowT = TypeVar("RowT", bound=models.Model)
 
@@ -230,6 +230,113 @@ class Operations:
                     ],
                 )
         return written
+
+    # A start that decides rates (core.starting.start_locked): its claims and jobs read under
+    # lock, its keys' rate rows locked, then its windows and starts written.
+
+    def ensure_rate_rows(self, db: str, keys: Collection[str], now: datetime) -> None:
+        """Ensure rate rows: create the missing ``RateLimit`` rows of ``keys``, in short
+        statements of their own, never inside a start (``core.rate_limits.ensure_rate_rows``
+        says why). Here a plain read, which locks nothing, finds the missing ones, and an
+        INSERT that ignores conflicts creates them."""
+        from django_jobs.models import RateLimit
+
+        keys = sorted(set(keys))
+        if not keys:
+            return
+        connection = connections[db]
+        quote = connection.ops.quote_name
+        marks = ", ".join(["%s"] * len(keys))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {quote('key')} FROM {quote(RateLimit._meta.db_table)} "
+                f"WHERE {quote('key')} IN ({marks})",
+                keys,
+            )
+            existing = {row[0] for row in cursor.fetchall()}
+        missing = [key for key in keys if key not in existing]
+        if missing:
+            RateLimit.objects.using(db).bulk_create(
+                [RateLimit(key=key, created_at=now, updated_at=now) for key in missing],
+                ignore_conflicts=True,
+            )
+
+    def lock_start_rows(self, db: str, process_id: int, job_ids: list[int]) -> list[StartRow]:
+        """Lock start rows: lock the claims of ``job_ids`` that ``process_id`` still holds
+        (ascending job id), then read their jobs under those locks, in claim order
+        (priority, then id). A claim gone (recovered, pruned) leaves its job out."""
+        from django_jobs.models import ClaimedExecution, Job
+
+        held = list(
+            ClaimedExecution.objects.using(db)
+            .select_for_update()
+            .filter(job_id__in=job_ids, process_id=process_id)
+            .order_by("job_id")
+            .values_list("job_id", flat=True)
+        )
+        if not held:
+            return []
+        return [
+            StartRow(*values)
+            for values in Job.objects.using(db)
+            .filter(pk__in=held)
+            .order_by("-priority", "pk")
+            .values_list(*StartRow._fields)
+        ]
+
+    def lock_rate_rows(self, db: str, keys: Iterable[str]) -> list[RateLimit]:
+        """Lock rate rows: the ``RateLimit`` rows of ``keys``, in ascending key order by code
+        point (:meth:`lock_in_key_order`), each with its starts and plan."""
+        from django_jobs.models import RateLimit
+
+        return self.lock_in_key_order(RateLimit.objects.using(db), keys)
+
+    def write_rated_starts(
+        self,
+        db: str,
+        windows: Sequence[RateLimit],
+        rows: list[StartRow],
+        worker_id: str,
+        now: datetime,
+        starts: dict[int, datetime],
+    ) -> dict[int, Started]:
+        """Write a start's rate windows (rows :meth:`lock_rate_rows` locked, with their new
+        ``starts``, ``planned``, ``limit`` and ``period`` set on them, ``updated_at`` to
+        ``now``), then its starts (:meth:`write_starts`); returns each start as written."""
+        self.write_rate_windows(db, windows, now)
+        return self.write_starts(db, rows, worker_id, now, starts) if rows else {}
+
+    def write_rate_windows(self, db: str, windows: Sequence[RateLimit], now: datetime) -> None:
+        """Write rate windows: one UPDATE of the locked rows ``windows``, a ``CASE`` per
+        column written by hand (``bulk_update`` built the same statement from expressions, at
+        a cost in CPU that was most of a rate-limited start's)."""
+        from django_jobs.models import RateLimit
+
+        if not windows:
+            return
+        connection = connections[db]
+        quote = connection.ops.quote_name
+        meta = RateLimit._meta
+        params: list[Any] = []
+        sets = []
+        for name in ("starts", "planned", "limit", "period"):
+            field = meta.get_field(name)
+            assert isinstance(field, models.Field)
+            sets.append(
+                f"{quote(column(field))} = CASE id" + " WHEN %s THEN %s" * len(windows) + " END"
+            )
+            for row in windows:
+                params += [row.pk, field.get_db_prep_save(getattr(row, name), connection)]
+        updated = meta.get_field("updated_at")
+        params.append(updated.get_db_prep_save(now, connection))
+        ids = [row.pk for row in windows]
+        marks = ", ".join(["%s"] * len(ids))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {quote(meta.db_table)} SET {', '.join(sets)}, "
+                f"{quote(column(updated))} = %s WHERE id IN ({marks})",
+                [*params, *ids],
+            )
 
     def lock_held_claims(self, db: str, process_id: int, ids: list[int]) -> list[HeldClaim]:
         """Lock held claims: those of ``ids`` that ``process_id`` still holds, locked in

@@ -1,7 +1,8 @@
 """PostgreSQL: data-modifying CTEs do in one statement what the portable path does in a
 transaction of several (claim and start, start, finish, recount and promote, insert), and
 LISTEN/NOTIFY wakes idle workers. The statements are written in ``claims``, ``admission``,
-``insert`` and ``dependencies`` beside this module, each with its name and purpose."""
+``insert``, ``dependencies`` and ``rate_limits`` beside this module, each with its name and
+purpose."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ from django.db.models.functions import Collate
 
 from django_jobs.db import base
 from django_jobs.db.base import RowT
-from django_jobs.db.postgresql import admission, claims, dependencies, insert
-from django_jobs.db.rows import Started
+from django_jobs.db.postgresql import admission, claims, dependencies, insert, rate_limits
+from django_jobs.db.rows import Started, StartRow
 
 if TYPE_CHECKING:
     from django.db.models import Q
 
-    from django_jobs.models import Job, Semaphore
+    from django_jobs.models import Job, RateLimit, Semaphore
 
 
 class Features(base.Features):
@@ -114,3 +115,27 @@ class Operations(base.Operations):
     def insert_rows(self, db: str, model: type[Model], rows: Sequence[Model]) -> None:
         """One statement per :attr:`insert_chunk_size` rows, from column arrays."""
         insert.insert_rows(db, model, rows)
+
+    def ensure_rate_rows(self, db: str, keys: Collection[str], now: datetime) -> None:
+        """One statement, ``INSERT ... ON CONFLICT DO NOTHING`` (``rate_limits``)."""
+        rate_limits.ensure_rate_rows(db, keys, now)
+
+    def lock_start_rows(self, db: str, process_id: int, job_ids: list[int]) -> list[StartRow]:
+        """One statement: the claims locked, then their jobs read (``rate_limits``)."""
+        return rate_limits.lock_start_rows(db, process_id, job_ids)
+
+    def lock_rate_rows(self, db: str, keys: Iterable[str]) -> list[RateLimit]:
+        """One statement written once, not compiled by the ORM at every start."""
+        return rate_limits.lock_rate_rows(db, keys)
+
+    def write_rated_starts(
+        self,
+        db: str,
+        windows: Sequence[RateLimit],
+        rows: list[StartRow],
+        worker_id: str,
+        now: datetime,
+        starts: dict[int, datetime],
+    ) -> dict[int, Started]:
+        """One statement: the windows and the starts, from column arrays."""
+        return rate_limits.write_rated_starts(db, windows, rows, worker_id, now, starts)
