@@ -11,8 +11,14 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 
+from django_jobs.core.claimed import finish_jobs
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.starting import start_jobs
 from django_jobs.models import Job, JobStatus, ReadyExecution
 from tests import tasks
+from tests import transition_tasks as tt
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -21,6 +27,8 @@ pytestmark = [
     ),
 ]
 
+DB = "default"
+ALL = QueueSelector(("*",))
 INSERT_PREFIX = 'WITH new_jobs AS (INSERT INTO "django_jobs_job"'
 
 
@@ -86,3 +94,28 @@ def test_nothing_prepared_by_default(threshold):
         tasks.add.enqueue(n, n)
     assert prepared_inserts() == 0
     assert ReadyExecution.objects.count() == Job.objects.count() == 10
+
+
+def test_claim_start_and_finish_prepared_when_the_connection_allows_it(threshold):
+    """The worker's hot statements go the same way: bound on the server, prepared on
+    their first use here, with the same outcome as unprepared."""
+    threshold(0)
+    worker = register_process(DB, "worker")
+    keyed = [tt.two_at_a_time.enqueue("k", n) for n in range(2)]
+    plain = [tasks.add.enqueue(n, 1) for n in range(3)]
+    rounds = 0
+    while claimed := claim_jobs(DB, worker.pk, ALL, 2):  # from round 2, prepared ones
+        started = start_jobs(DB, claimed, worker.pk, worker.name)
+        finished = finish_jobs(DB, worker.pk, {job.pk: job.pk * 10 for job in started}, started)
+        assert finished == {job.pk for job in started} == {job.pk for job in claimed}
+        rounds += 1
+    assert rounds == 3
+    assert {job.pk: (job.status, job.return_value, job.attempts) for job in Job.objects.all()} == {
+        int(result.id): (JobStatus.SUCCEEDED, int(result.id) * 10, 1) for result in keyed + plain
+    }
+    assert not ReadyExecution.objects.exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any(sql.startswith("WITH picked AS") for sql in prepared), prepared
+    assert any(sql.startswith('UPDATE "django_jobs_job"') for sql in prepared), prepared

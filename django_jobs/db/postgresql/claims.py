@@ -29,6 +29,7 @@ from django.db.models import Field, Q
 from django_jobs.db.base import column
 from django_jobs.db.notify import jobs_ready
 from django_jobs.db.postgresql.admission import lock_statement, recount_params, recount_statement
+from django_jobs.db.postgresql.cursors import bound_cursor
 from django_jobs.db.rows import Started
 from django_jobs.limits import MAX_SECONDS
 from django_jobs.models import (
@@ -85,7 +86,7 @@ def claim_matching(
         ]
     params = [*picked_params, *moved_params, process_id, now, now]
     connection = connections[db]
-    with connection.cursor() as cursor:
+    with bound_cursor(connection) as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     jobs = [job_from_row(db, connection, row) for row in rows]
@@ -201,7 +202,7 @@ def start_held(
         process_id,
         list(job_ids),
     ]
-    with connections[db].cursor() as cursor:
+    with bound_cursor(connections[db]) as cursor:
         cursor.execute(start_statement(db), params)
         rows = cursor.fetchall()
     return {
@@ -255,7 +256,7 @@ def finish_unbatched(
     section 4). The others are left to the caller.
     """
     params = finish_params(process_id, return_values, now)
-    with connections[db].cursor() as cursor:
+    with bound_cursor(connections[db]) as cursor:
         cursor.execute(finish_statement(db, "any" if keyed else "none"), params)
         return dict(cursor.fetchall())
 
@@ -328,7 +329,7 @@ def finish_with_dependents(
     dependents: ``{job id: (its concurrency key, its workflow)}`` for those finished,
     the workflow read from the row this statement updated (under its lock)."""
     params = finish_params(process_id, return_values, now)
-    with connections[db].cursor() as cursor:
+    with bound_cursor(connections[db]) as cursor:
         cursor.execute(finish_statement(db, "any", dependents=True), params)
         return {pk: (key, workflow_id) for pk, key, workflow_id in cursor.fetchall()}
 

@@ -24,11 +24,10 @@ from functools import cache, lru_cache
 
 from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.postgresql.base import ServerBindingCursor
-from django.db.backends.utils import CursorWrapper
 
 from django_jobs.db.base import column
 from django_jobs.db.notify import jobs_ready
+from django_jobs.db.postgresql.cursors import bound_cursor
 from django_jobs.models import Job, ReadyExecution
 
 # Rows per statement: large enough to amortise the round trip, small enough that
@@ -120,7 +119,7 @@ def single_statement(db: str, names: tuple[str, ...]) -> str:
     its 37 columns, so psycopg adapts 12 parameters, not 37, and the server parses a
     statement a third as long. The few shapes a project's tasks have each get their
     own statement, prepared on the server once the connection allows it
-    (:func:`bound_cursor`).
+    (``cursors.bound_cursor``).
     """
     by_name = {field.attname: field for field in job_fields()}
     fields = [by_name[name] for name in names]
@@ -128,23 +127,6 @@ def single_statement(db: str, names: tuple[str, ...]) -> str:
         "%s::jsonb" if isinstance(field, models.JSONField) else "%s" for field in fields
     )
     return with_ready_rows(db, fields, f"VALUES ({values})")
-
-
-def bound_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
-    """A cursor that sends its parameters apart from the statement (server-side binding),
-    whatever ``OPTIONS["server_side_binding"]`` says, wrapped as Django wraps its own (so
-    query logging, ``execute_wrapper`` and error translation apply).
-
-    Only such a statement can be prepared: psycopg prepares it on the server after
-    the connection's ``prepare_threshold`` executions, and never when that is None,
-    Django's default, which keeps transaction-mode poolers working (docs/deployment.md).
-    A prepared insert skips the parse and plan of every enqueue after the first few:
-    3,100 to 4,500 single inserts/s on one connection, measured with psycopg alone.
-    """
-    connection.ensure_connection()
-    raw = connection.connection
-    cursor = ServerBindingCursor(raw)  # type: ignore[call-arg]  # psycopg's Cursor(connection)
-    return connection._prepare_cursor(cursor)  # type: ignore[attr-defined]  # what cursor() does
 
 
 @cache
