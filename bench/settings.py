@@ -33,6 +33,12 @@ TASKS = {
 }
 
 DATABASES["default"]["CONN_MAX_AGE"] = 600
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # docs/deployment.md's advice for a database reached directly (no pooler): psycopg
+    # prepares a statement after its fifth use. Django's own queries bind on the client
+    # and are not prepared, so the peer's writes are what they are by default; ours (the
+    # enqueue's insert, the worker's claim, start and finish) bind on the server and are.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("prepare_threshold", 5)
 
 BENCH_PROCRASTINATE = (
     env.bool("JOBS_BENCH_PROCRASTINATE", default=False)

@@ -2458,7 +2458,11 @@ def print_header(info: dict[str, Any], sizes: Sizes) -> None:
     ours, peer = info["ours"], info["peer"]
     print(f"machine: {info['cores']} cores, load {info['load_average']}, Python {info['python']}")
     print(f"django {info['django']}, django-tasks-db {info['django_tasks_db']}, git {info['git']}")
-    print(f"database: {info['database']}, CONN_MAX_AGE=600 for both, DEBUG={info['debug']}")
+    prepare = connection.settings_dict["OPTIONS"].get("prepare_threshold")
+    prepared = f", prepare_threshold={prepare}" if prepare is not None else ""
+    print(
+        f"database: {info['database']}, CONN_MAX_AGE=600 for both{prepared}, DEBUG={info['debug']}"
+    )
     print(
         f"ours: {' '.join(ours['command'])} (+ supervisor, dispatcher); wakes by {ours['wakeup']}"
     )
