@@ -820,7 +820,9 @@ def libpq_dsn() -> str:
     from psycopg.conninfo import make_conninfo
 
     params = connection.get_connection_params()
-    libpq = {k: v for k, v in params.items() if isinstance(v, str | int) and k != "autocommit"}
+    # psycopg's own connect() arguments are not libpq's (Oban's pool prepares by its own rule).
+    python_only = ("autocommit", "prepare_threshold")
+    libpq = {k: v for k, v in params.items() if isinstance(v, str | int) and k not in python_only}
     return make_conninfo(**libpq)
 
 
