@@ -404,6 +404,25 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def pss_mb(pid: int) -> float:
+    """Proportional memory of a process (Pss of /proc/PID/smaps_rollup), in MB; 0 if it is
+    gone. Each page it maps counts divided by the number of processes mapping it, so the
+    PSS of a group of processes sums to the memory they use together: RSS counts a page
+    that forked processes share copy-on-write once in every one of them."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(RSS, PSS) of a process, in MB."""
+    return rss_mb(pid), pss_mb(pid)
+
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # units of /proc/PID/stat's CPU times
 
 
@@ -679,10 +698,14 @@ class Ours:
         """Per role, from the process registry: worker children, supervisor, dispatcher."""
         kinds = dict(Process.objects.values_list("pid", "kind"))
         supervisor = workers.procs[0].pid
-        by_role: dict[str, list[float]] = {"worker": [], "supervisor": [], "other": []}
+        by_role: dict[str, list[tuple[float, float]]] = {
+            "worker": [],
+            "supervisor": [],
+            "other": [],
+        }
         for pid in workers.members():
             kind = "supervisor" if pid == supervisor else kinds.get(pid, "other")
-            by_role.setdefault(kind, []).append(rss_mb(pid))
+            by_role.setdefault(kind, []).append(memory_mb(pid))
         return rss_summary(by_role, ("worker", "supervisor"))
 
     def plant(self, finished: int, ready: int, queues: tuple[str, ...] = ("default",)) -> None:
@@ -776,7 +799,7 @@ class Peer:
         return [ms(row.started_at - row.enqueued_at) for row in rows]
 
     def rss(self, workers: Workers) -> dict[str, Any]:
-        return rss_summary({"worker": [rss_mb(pid) for pid in workers.members()]}, ("worker",))
+        return rss_summary({"worker": [memory_mb(pid) for pid in workers.members()]}, ("worker",))
 
     def plant(self, finished: int, ready: int) -> None:
         now = timezone.now()
@@ -888,7 +911,7 @@ class Limit:
         raise NotImplementedError("the limit queue polls; its latency says nothing")
 
     def rss(self, workers: Workers) -> dict[str, Any]:
-        return rss_summary({"worker": [rss_mb(pid) for pid in workers.members()]}, ("worker",))
+        return rss_summary({"worker": [memory_mb(pid) for pid in workers.members()]}, ("worker",))
 
     def plant(self, finished: int, ready: int) -> None:
         raise NotImplementedError("the limit queue is not in the claims phase")
@@ -971,7 +994,7 @@ class Procrastinate:
         return [ms(at[int(pk), "started"] - at[int(pk), "deferred"]) for pk in ids]
 
     def rss(self, workers: Workers) -> dict[str, Any]:
-        return rss_summary({"worker": [rss_mb(pid) for pid in workers.members()]}, ("worker",))
+        return rss_summary({"worker": [memory_mb(pid) for pid in workers.members()]}, ("worker",))
 
     def plant(self, finished: int, ready: int) -> None:
         raise NotImplementedError("Procrastinate is not in the claims phase")
@@ -1098,7 +1121,7 @@ class Oban:
         return [ms(delta) for (delta,) in rows]
 
     def rss(self, workers: Workers) -> dict[str, Any]:
-        return rss_summary({"worker": [rss_mb(pid) for pid in workers.members()]}, ("worker",))
+        return rss_summary({"worker": [memory_mb(pid) for pid in workers.members()]}, ("worker",))
 
     def plant(self, finished: int, ready: int) -> None:
         raise NotImplementedError("Oban is not in the claims phase")
@@ -1111,15 +1134,22 @@ def ms(delta: timedelta) -> float:
     return delta.total_seconds() * 1000
 
 
-def rss_summary(by_role: dict[str, list[float]], counted: tuple[str, ...]) -> dict[str, Any]:
-    """Max and sum over the roles the brief counts, plus every process of the sessions."""
-    counted_mb = [mb for role in counted for mb in by_role.get(role, [])]
-    every = [mb for values in by_role.values() for mb in values]
+def rss_summary(
+    by_role: dict[str, list[tuple[float, float]]], counted: tuple[str, ...]
+) -> dict[str, Any]:
+    """Max and sum of RSS over the roles the brief counts, RSS and PSS summed over every
+    process of the sessions; each (RSS, PSS) pair per role, MB."""
+    counted_mb = [rss for role in counted for rss, _ in by_role.get(role, [])]
+    every = [pair for values in by_role.values() for pair in values]
     return {
         "max_mb": max(counted_mb, default=0.0),
         "sum_mb": sum(counted_mb),
-        "all_processes_mb": sum(every),
-        "by_role_mb": {role: [round(mb, 1) for mb in v] for role, v in by_role.items() if v},
+        "all_processes_mb": sum(rss for rss, _ in every),
+        "all_processes_pss_mb": sum(pss for _, pss in every),
+        "by_role_mb": {role: [round(rss, 1) for rss, _ in v] for role, v in by_role.items() if v},
+        "by_role_pss_mb": {
+            role: [round(pss, 1) for _, pss in v] for role, v in by_role.items() if v
+        },
     }
 
 
@@ -1425,7 +1455,8 @@ CPU_FIGURE = ("worker_cpu_per_job", "worker CPU per job", "ms", False)
 RSS_FIGURES = (
     ("max_mb", "worker RSS, largest process", "ours: workers + supervisor"),
     ("sum_mb", "worker RSS, sum", "ours: workers + supervisor"),
-    ("all_processes_mb", "RSS of every process", "ours: + dispatcher, mp tracker"),
+    ("all_processes_mb", "RSS of every process", "ours: + dispatcher, mp helpers"),
+    ("all_processes_pss_mb", "PSS of every process", "shared pages split between sharers"),
 )
 
 
