@@ -14,8 +14,9 @@ concurrency key's semaphore (``core.admission``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any, Protocol, cast
 
 from django.db import OperationalError, connections
@@ -274,7 +275,7 @@ def prepare_job(
     key, limit = batch_concurrency(task, batch, key, options["concurrency_limit"], unique)
     now = timezone.now()
     future = task.run_after is not None and task.run_after > now
-    job = Job(
+    job = new_job(
         backend=backend.alias,
         task_path=task.module_path,
         queue_name=task.queue_name,
@@ -297,11 +298,29 @@ def prepare_job(
         unique_key=unique,
         unique_lock=unique,
         unique_until=options["unique_until"] if unique else None,
-        batch=batch,
+        batch_id=None if batch is None else batch.pk,
     )
+    if batch is not None:
+        job.batch = batch  # the saved batch itself: its callbacks read it from the job
     check_lengths(job)
     record_enqueue(job)  # OpenTelemetry, when installed: span + trace context (tracing.py)
     return job, task
+
+
+def new_job(**values: Any) -> Job:
+    """An unsaved ``Job`` of ``values`` (by attribute name), every other field its default.
+
+    Given every field's value in order, ``Model.__init__`` takes its fast path (as
+    ``from_db`` does): by keyword it looks each of 39 fields up and asks each missing
+    one for its default, a fifth of the Python time of an enqueue (cProfile).
+    """
+    return Job(*[values[name] if name in values else default() for name, default in defaults()])
+
+
+@cache
+def defaults() -> tuple[tuple[str, Callable[[], Any]], ...]:
+    """Each concrete field of a job, in order: its attribute name and what makes its default."""
+    return tuple((field.attname, field.get_default) for field in Job._meta.concrete_fields)
 
 
 def task_options(
