@@ -1,8 +1,10 @@
-"""Entry point of a spawned child: imports nothing of Django's models before setup().
+"""Entry point of a child: imports nothing of Django's models before setup().
 
-``multiprocessing`` spawn unpickles the target by importing its module in a
-fresh interpreter, before any code of ours runs; a module importing models at
-its top would fail there with AppRegistryNotReady.
+A child forked by the warm parent (``runtime/warm.py``) has Django set up
+already. One the supervisor starts as a fresh interpreter instead (``multiprocessing``
+spawn, when the warm parent is gone) unpickles the target by importing its
+module before any code of ours runs; a module importing models at its top
+would fail there with AppRegistryNotReady.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ def child_main(
     wake: Any = None,
 ) -> None:
     """``wake``: a worker's read end of the supervisor's ready-check pipe, or None."""
-    import django
+    from django.apps import apps
 
-    django.setup()
+    if not apps.ready:  # a fresh interpreter, not a fork of the warm parent
+        import django
+
+        django.setup()
     from django_jobs.runtime.child import run_child
 
     run_child(kind, overrides, supervisor_id, verbosity, wake)
