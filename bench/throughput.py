@@ -1455,7 +1455,7 @@ CPU_FIGURE = ("worker_cpu_per_job", "worker CPU per job", "ms", False)
 RSS_FIGURES = (
     ("max_mb", "worker RSS, largest process", "ours: workers + supervisor"),
     ("sum_mb", "worker RSS, sum", "ours: workers + supervisor"),
-    ("all_processes_mb", "RSS of every process", "ours: + dispatcher, mp helpers"),
+    ("all_processes_mb", "RSS of every process", "ours: + dispatcher, warm parent"),
     ("all_processes_pss_mb", "PSS of every process", "shared pages split between sharers"),
 )
 

@@ -72,8 +72,10 @@ def test_children_are_forks_of_the_warm_parent_and_a_killed_one_is_replaced(run_
     supervisor = Process.objects.get(kind="supervisor")
     os.kill(worker.pid, signal.SIGKILL)
     wait_until(
-        lambda: children_registered(2)
-        and not Process.objects.filter(pid=worker.pid, kind="worker").exists(),
+        lambda: (
+            children_registered(2)
+            and not Process.objects.filter(pid=worker.pid, kind="worker").exists()
+        ),
         30,
         what="a replacement worker",
     )
@@ -99,8 +101,10 @@ def test_without_its_warm_parent_the_supervisor_starts_fresh_children(run_jobs):
     os.kill(warm, signal.SIGKILL)
     # Orphaned, the children stop; the supervisor starts fresh interpreters instead.
     wait_until(
-        lambda: children_registered(1)
-        and not before & set(Process.objects.values_list("pid", flat=True)),
+        lambda: (
+            children_registered(1)
+            and not before & set(Process.objects.values_list("pid", flat=True))
+        ),
         40,
         what="fresh children",
     )
