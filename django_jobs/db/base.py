@@ -468,6 +468,12 @@ class Operations:
 
     insert_chunk_size = 5000
 
+    def enqueue_ready(self, db: str, job: Job) -> bool:
+        """Insert one job that is ready at once with nothing to lock or check, and its
+        ready row, in one round trip, where the database has a way (MySQL/MariaDB: a
+        stored procedure); False, having written nothing, where it has none."""
+        return False
+
 
 # Ids per DELETE statement.
 DELETE_CHUNK = 500

@@ -5,12 +5,21 @@ by its own key."""
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Any
 
-from django.db import models
+from django.db import DatabaseError, connections, models
 from django.db.models import QuerySet
 
 from django_jobs.db import base
 from django_jobs.db.base import RowT
+
+if TYPE_CHECKING:
+    from django_jobs.models import Job
+
+# Migration 0013's procedure: one ready job and its ready row in one round trip.
+ENQUEUE_PROCEDURE = "django_jobs_enqueue_ready"
+# The server's "no such procedure" (a database migrated back before 0013).
+NO_SUCH_PROCEDURE = 1305
 
 # MariaDB's JSON_VALID refuses a document nested 32 levels deep.
 MARIADB_MAX_JSON_DEPTH = 31
@@ -49,3 +58,87 @@ class Operations(base.Operations):
         self, db: str, model: type[models.Model], job_ids: Collection[int]
     ) -> int:
         return self.delete_where(db, model, "job_id", job_ids)
+
+    def enqueue_ready(self, db: str, job: Job) -> bool:
+        """Insert ``job`` (ready, no key, not unique) and its ready row with one ``CALL``
+        (migration 0013): one round trip where START TRANSACTION, two INSERTs and COMMIT
+        take four. In the caller's transaction (``atomic()``, or autocommit off) it
+        writes under a savepoint of its own, rolled back on error, so a failed enqueue
+        leaves neither row behind and the caller's transaction usable.
+
+        Returns False, having written nothing, where the procedure is missing (not
+        migrated, or the database user may not create routines) or does not take a
+        column this job sets (a newer column than the procedure): the caller then
+        takes the statements' path.
+        """
+        fields = procedure_fields(db)
+        if fields is None or any(
+            getattr(job, field.attname) is not None for field in unlisted_fields(fields)
+        ):
+            return False
+        connection = connections[db]
+        own_transaction = connection.get_autocommit() and not connection.in_atomic_block
+        params = [own_transaction]
+        params += [
+            field.get_db_prep_save(getattr(job, field.attname), connection) for field in fields
+        ]
+        placeholders = ", ".join(["%s"] * len(params))
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(f"CALL {ENQUEUE_PROCEDURE}({placeholders})", params)
+                pk = cursor.fetchone()[0]
+                while cursor.nextset():  # the CALL's own status: read, or the next statement fails
+                    pass
+        except DatabaseError as exc:
+            if getattr(exc.__cause__, "args", (None,))[0] != NO_SUCH_PROCEDURE:
+                raise
+            _procedure_fields.pop(procedure_key(db), None)
+            return False
+        job.pk = pk
+        job._state.adding = False
+        job._state.db = db
+        return True
+
+
+def procedure_key(db: str) -> tuple[str, Any]:
+    """A cache key per alias and database (a test run switches the alias's NAME)."""
+    return db, connections[db].settings_dict["NAME"]
+
+
+_procedure_fields: dict[tuple[str, Any], tuple[models.Field, ...] | None] = {}
+
+
+def procedure_fields(db: str) -> tuple[models.Field, ...] | None:
+    """The job fields the procedure takes, in its order (after ``own_transaction``), read
+    once per database from information_schema; None without the procedure."""
+    from django_jobs.models import Job
+
+    key = procedure_key(db)
+    if key not in _procedure_fields:
+        with connections[db].cursor() as cursor:
+            cursor.execute(
+                "SELECT parameter_name FROM information_schema.parameters "
+                "WHERE specific_schema = DATABASE() AND specific_name = %s "
+                "AND routine_type = 'PROCEDURE' ORDER BY ordinal_position",
+                [ENQUEUE_PROCEDURE],
+            )
+            names = [row[0] for row in cursor.fetchall()]
+        by_column = {field.column: field for field in Job._meta.concrete_fields}
+        columns = [name.removeprefix("p_") for name in names[1:]]
+        known = bool(names) and names[0] == "own_transaction"
+        if not known or any(column not in by_column for column in columns):
+            _procedure_fields[key] = None
+        else:
+            _procedure_fields[key] = tuple(by_column[column] for column in columns)
+    return _procedure_fields[key]
+
+
+def unlisted_fields(fields: tuple[models.Field, ...]) -> list[models.Field]:
+    """The job's fields the procedure does not take (none, until a column is added)."""
+    from django_jobs.models import Job
+
+    return [
+        field
+        for field in Job._meta.concrete_fields
+        if field not in fields and not field.primary_key
+    ]
