@@ -135,6 +135,7 @@ class Operations:
         anyone asking for the row meanwhile (an enqueue waiting for it, a cancel)
         deadlocked with it. Locked first, there is nothing to upgrade.
         """
+        from django_jobs.db.job_rows import job_from_row, select_list
         from django_jobs.models import Job
 
         connection = connections[db]
@@ -143,10 +144,13 @@ class Operations:
         locking = (
             " ORDER BY id FOR UPDATE" if lock and connection.features.has_select_for_update else ""
         )
-        rows = Job.objects.using(db).raw(
-            f"SELECT * FROM {table} WHERE id IN ({marks}){locking}", ids
-        )
-        return {job.pk: job for job in rows}
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {select_list(db)} FROM {table} WHERE id IN ({marks}){locking}", ids
+            )
+            rows = cursor.fetchall()
+        jobs = (job_from_row(db, connection, row) for row in rows)
+        return {job.pk: job for job in jobs}
 
     def insert_claims(
         self, db: str, process_id: int, picked: list[tuple[Job, str]], now: datetime

@@ -24,9 +24,10 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Field, Q
+from django.db.models import Q
 
 from django_jobs.db.base import column
+from django_jobs.db.job_rows import job_from_row
 from django_jobs.db.notify import jobs_ready
 from django_jobs.db.postgresql.admission import lock_statement, recount_params, recount_statement
 from django_jobs.db.postgresql.cursors import bound_cursor
@@ -150,39 +151,6 @@ def claim_statement(
         f"SELECT * FROM moved"
     )
     return sql, tuple(picked_params)
-
-
-@functools.cache
-def job_columns(db: str) -> tuple[tuple[str, ...], tuple[tuple[int, list], ...]]:
-    """``Job``'s attribute names in column order, and the converters of the columns
-    that have any (JSON fields parse their text), as a model query would apply them."""
-    connection = connections[db]
-    fields = Job._meta.concrete_fields
-    converters = tuple(
-        (index, field_converters(connection, field)) for index, field in enumerate(fields)
-    )
-    return (
-        tuple(field.attname for field in fields),
-        tuple((index, found) for index, found in converters if found),
-    )
-
-
-def field_converters(connection: Any, field: Field) -> list:
-    """The backend's converters of ``field``'s column, then the field's own."""
-    # The backend's take an expression; the field stands for its own column here.
-    backend = connection.ops.get_db_converters(field)
-    return [*backend, *field.get_db_converters(connection)]
-
-
-def job_from_row(db: str, connection, row: tuple) -> Job:
-    """A ``Job`` from a row of all its columns, as ``Job.objects`` would build it."""
-    names, converters = job_columns(db)
-    values = list(row)
-    for index, functions in converters:
-        field = Job._meta.concrete_fields[index]
-        for convert in functions:
-            values[index] = convert(values[index], field, connection)
-    return Job.from_db(db, names, values)
 
 
 def start_held(
