@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from functools import lru_cache
 from typing import cast
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
@@ -135,14 +136,21 @@ def pick_ready(
                 # free ``want`` of them and a competing claim gets the rest. A sort
                 # would read, and lock, every candidate.
                 order = ("job_id",)
-        rows = ReadyExecution.objects.using(db).select_for_update(skip_locked=True)
-        rows = rows.filter(where).exclude(queue_name__in=paused)
-        if full:
-            rows = rows.exclude(queue_name__in=full)
-        if picked:
-            # Rows this transaction already locked are not skipped: exclude them.
-            rows = rows.exclude(job_id__in=[job_id for job_id, _ in picked])
-        batch = list(rows.order_by(*order).values_list("job_id", "queue_name")[:want])
+        if names is None and not full and not picked and isinstance(paused, QuerySet):
+            # The claim of every batch of a worker with no caps: its SQL, built once.
+            sql, params = plain_pick(db, condition, order, want)
+            with connections[db].cursor() as cursor:
+                cursor.execute(sql, params)
+                batch = cast(list[tuple[int, str]], cursor.fetchall())
+        else:
+            rows = ReadyExecution.objects.using(db).select_for_update(skip_locked=True)
+            rows = rows.filter(where).exclude(queue_name__in=paused)
+            if full:
+                rows = rows.exclude(queue_name__in=full)
+            if picked:
+                # Rows this transaction already locked are not skipped: exclude them.
+                rows = rows.exclude(job_id__in=[job_id for job_id, _ in picked])
+            batch = list(rows.order_by(*order).values_list("job_id", "queue_name")[:want])
         over_cap = take_within_caps(batch, room, picked)
         rounds += 1
         # Candidates other claimers held: the next ones, a few rounds at most.
@@ -154,6 +162,19 @@ def pick_ready(
             rounds, refreshed, more = 0, True, names is not None
         if not over_cap and not more:
             return
+
+
+@lru_cache(maxsize=256)
+def plain_pick(db: str, condition: Q, order: tuple[str, ...], want: int) -> tuple[str, tuple]:
+    """The SQL of :func:`pick_ready`'s query with no caps, nothing picked yet and the paused
+    queues read in it: the same each time for a worker's queues and batch size. Built
+    by the ORM at every claim it cost a sixth of a no-op job's worker CPU on MariaDB
+    (yappi). Compiled inside the caller's transaction, as a locking read must be."""
+    paused = Pause.objects.using(db).values_list("queue_name", flat=True)
+    rows = ReadyExecution.objects.using(db).select_for_update(skip_locked=True)
+    rows = rows.filter(condition).exclude(queue_name__in=paused)
+    query = rows.order_by(*order).values_list("job_id", "queue_name")[:want].query
+    return query.get_compiler(using=db).as_sql()
 
 
 def take_within_caps(
