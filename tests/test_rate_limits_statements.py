@@ -169,6 +169,26 @@ def test_ensuring_rows_creates_only_the_missing_ones_and_keeps_the_others():
     ]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_key_known_to_the_connection_whose_row_is_gone_is_made_sure_of_and_started():
+    """A start skips making sure of rows its connection has seen; one pruned since
+    (or flushed) sends the start back to make sure of it and start again, not its job
+    to wait a second as for a row pruned between the two."""
+    from django_jobs.core.rate_limits import known_keys
+
+    worker = register_process(DB, "worker")
+    first, second = (int(rate_tasks.call_api.enqueue("a").id) for _ in range(2))
+    (job,) = claim_jobs(DB, worker.pk, ALL, 1)
+    assert [j.pk for j in start_jobs(DB, [job], worker.pk, worker.name)] == [first]
+    assert "tests.rate_tasks.call_api/a" in known_keys(DB)
+    RateLimit.objects.all().delete()  # pruned (its start long past), or a test's flush
+    (job,) = claim_jobs(DB, worker.pk, ALL, 1)
+    assert [j.pk for j in start_jobs(DB, [job], worker.pk, worker.name)] == [second]
+    row = RateLimit.objects.get()
+    assert (row.key, len(row.starts)) == ("tests.rate_tasks.call_api/a", 1)
+    assert Job.objects.get(pk=second).last_attempted_at.timestamp() == row.starts[0]
+
+
 # --- PostgreSQL: the locks of its statements ---------------------------------------------------
 
 
@@ -261,3 +281,32 @@ def test_postgresql_claims_read_without_their_lock_start_a_job_being_recovered(m
     assert len(race_with_a_recovery(monkeypatch)) == 1
     assert Job.objects.get().status == JobStatus.RUNNING
     assert not ClaimedExecution.objects.exists()
+
+
+@postgresql
+@pytest.mark.django_db(transaction=True)
+def test_postgresql_rated_starts_prepared_decide_as_unprepared():
+    """Bound on the server like the worker's other hot statements, so prepared where
+    ``prepare_threshold`` allows: three rounds of a 3/s key's starts, prepared from the
+    first use, each deciding on the window the round before wrote."""
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.prepare_threshold
+    raw.prepare_threshold = 0
+    try:
+        worker = register_process(DB, "worker")
+        ids = [int(rate_tasks.call_api.enqueue("a").id) for _ in range(5)]
+        started = []
+        for _ in range(3):
+            claimed = claim_jobs(DB, worker.pk, ALL, 2)
+            started += [job.pk for job in start_jobs(DB, claimed, worker.pk, worker.name)]
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            prepared = [row[0] for row in cursor.fetchall()]
+    finally:
+        raw.prepare_threshold = before
+    assert started == ids[:3]
+    assert Job.objects.filter(pk__in=ids[3:4], status=JobStatus.SCHEDULED, attempts=0).count() == 1
+    assert len(RateLimit.objects.get(key="tests.rate_tasks.call_api/a").starts) == 3
+    for opening in ("INSERT INTO", "WITH held AS", "SELECT", "WITH windows AS"):
+        assert any(sql.startswith(opening) for sql in prepared), (opening, prepared)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import connections
 from django.utils import timezone
 
 from django_jobs.db import ops
@@ -159,6 +160,53 @@ def ensure_rate_rows(db: str, keys: Iterable[str], now: datetime | None = None) 
     deleted in between waits a second (``core.starting.decide_rates``).
     """
     ops(db).ensure_rate_rows(db, set(keys), now or timezone.now())
+
+
+# Keys a connection knows to have rows, at most this many (then it forgets them all).
+KNOWN_KEYS_MAX = 10_000
+
+
+class RateRowsMissing(Exception):
+    """A start found no row for a key it had not made sure of (:func:`ensure_unknown_rate_rows`):
+    its transaction rolls back, having written nothing, to be run again once the rows exist."""
+
+
+def ensure_unknown_rate_rows(db: str, keys: set[str], now: datetime) -> set[str]:
+    """:func:`ensure_rate_rows` for the keys this connection has not seen a row of; returns
+    the others, which it skipped.
+
+    A row seen once is there at the next start of its key but for a prune, which
+    deletes only a row with nothing left to remember, or a test's flush. A start that
+    then finds a skipped key's row gone raises :class:`RateRowsMissing` before writing
+    anything (``core.starting.decide_rates``), and ``start_jobs`` makes sure of every
+    key and starts again: what a start decides is what it would have decided with the
+    rows made sure of first. Known keys are kept per connection, forgotten when it is
+    replaced (a new thread's, a reconnection).
+    """
+    known = known_keys(db)
+    unknown = keys - known
+    if unknown:
+        ensure_rate_rows(db, unknown, now)
+        if len(known) + len(unknown) > KNOWN_KEYS_MAX:
+            known.clear()
+        known |= unknown
+    return keys - unknown
+
+
+def known_keys(db: str) -> set[str]:
+    """The rate keys known to have rows, for the open connection of ``db``."""
+    wrapper = connections[db]
+    wrapper.ensure_connection()
+    raw = id(wrapper.connection)
+    cached = getattr(wrapper, "_django_jobs_rate_keys", None)
+    if cached is None or cached[0] != raw:
+        cached = (raw, set())
+        wrapper._django_jobs_rate_keys = cached  # type: ignore[attr-defined]
+    return cached[1]
+
+
+def forget_keys(db: str, keys: Iterable[str]) -> None:
+    known_keys(db).difference_update(keys)
 
 
 def lock_rate_limits(db: str, keys: Iterable[str]) -> dict[str, Window]:

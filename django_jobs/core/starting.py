@@ -8,13 +8,20 @@ it goes back to wait as a scheduled job, costing no attempt.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta
 
 from django.utils import timezone
 
 from django_jobs.core.claimed import end_cancelled
-from django_jobs.core.rate_limits import ensure_rate_rows, lock_rate_limits, written_rows
+from django_jobs.core.rate_limits import (
+    RateRowsMissing,
+    ensure_rate_rows,
+    ensure_unknown_rate_rows,
+    forget_keys,
+    lock_rate_limits,
+    written_rows,
+)
 from django_jobs.core.rows import Waiting
 from django_jobs.db import features, ops
 from django_jobs.db.rows import Started, StartRow
@@ -46,8 +53,14 @@ def start_jobs(db: str, jobs: list[Job], process_id: int, worker_id: str) -> lis
     ids = [job.pk for job in jobs]
     written: Mapping[int, Started | Waiting]
     if any(job.rate_key for job in jobs):
-        ensure_rate_rows(db, {job.rate_key for job in jobs if job.rate_key}, now)
-        written = start_locked(db, ids, process_id, worker_id, now)
+        keys = {job.rate_key for job in jobs if job.rate_key}
+        skipped = ensure_unknown_rate_rows(db, keys, now)
+        try:
+            written = start_locked(db, ids, process_id, worker_id, now, skipped)
+        except RateRowsMissing:
+            forget_keys(db, skipped)
+            ensure_rate_rows(db, skipped, now)
+            written = start_locked(db, ids, process_id, worker_id, now)
     elif features(db).can_start_in_one_statement:
         written = ops(db).start_held(db, ids, process_id, worker_id, now)
     else:
@@ -68,7 +81,12 @@ def start_jobs(db: str, jobs: list[Job], process_id: int, worker_id: str) -> lis
 
 
 def start_locked(
-    db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
+    db: str,
+    job_ids: list[int],
+    process_id: int,
+    worker_id: str,
+    now: datetime,
+    skipped: Collection[str] = (),
 ) -> dict[int, Started | Waiting]:
     """The portable :func:`start_jobs`: lock this process's claims, then update their jobs.
 
@@ -77,6 +95,7 @@ def start_locked(
     4's order, extended in django_jobs/core/rate_limits.py), and a job sent back
     frees its concurrency slot after that. The windows and the starts are written
     last, together (one statement on PostgreSQL): the rate rows are locked already.
+    ``skipped``: keys whose rows were not made sure of (``RateRowsMissing``).
     """
     seam = ops(db)
     with hot_transaction(db):
@@ -85,7 +104,7 @@ def start_locked(
         rows = seam.lock_start_rows(db, process_id, job_ids)
         if not rows:
             return {}
-        waiting, starts, windows = decide_rates(db, rows, now)
+        waiting, starts, windows = decide_rates(db, rows, now, skipped)
         starting = [row for row in rows if row.pk not in waiting]
         written: dict[int, Started | Waiting] = dict(waiting)
         written.update(seam.write_rated_starts(db, windows, starting, worker_id, now, starts))
@@ -93,13 +112,15 @@ def start_locked(
 
 
 def decide_rates(
-    db: str, rows: list[StartRow], now: datetime
+    db: str, rows: list[StartRow], now: datetime, skipped: Collection[str] = ()
 ) -> tuple[dict[int, Waiting], dict[int, datetime], list[RateLimit]]:
     """Admit or send back each rate-limited job of ``rows`` (in claim order), under
     its key's lock; the ones sent back wait as scheduled jobs, their slots freed.
 
     Returns the jobs sent back, the recorded start time of each one admitted, and
     the locked rate rows with their new windows, for the caller to write back.
+    Raises ``RateRowsMissing``, having written nothing, if a key of ``skipped`` (not
+    made sure of before the transaction) has no row.
     """
     waiting: dict[int, Waiting] = {}
     starts: dict[int, datetime] = {}
@@ -107,6 +128,8 @@ def decide_rates(
     if not rated:
         return waiting, starts, []
     windows = lock_rate_limits(db, {row.rate_key for row in rated if row.rate_key})
+    if any(row.rate_key in skipped and row.rate_key not in windows for row in rated):
+        raise RateRowsMissing
     clock = now.timestamp()
     for row in rated:
         window = windows.get(row.rate_key or "")

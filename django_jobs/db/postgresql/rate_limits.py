@@ -6,7 +6,8 @@ locking SELECT, the rate rows' ``bulk_update``, the jobs' UPDATE and COMMIT; bui
 the ``bulk_update`` (a ``CASE`` expression per row and column) cost more CPU than the
 rest of the start. Here:
 
-0. :func:`ensure_rate_rows`, before the transaction: the keys' missing rows created;
+0. :func:`ensure_rate_rows`, before the transaction: the keys' missing rows created (for
+   keys the connection has not seen a row of, ``core.rate_limits.ensure_unknown_rate_rows``);
 1. :func:`lock_start_rows`: the claims locked (ascending job id) and their jobs read,
    one statement;
 2. :func:`lock_rate_rows`: the keys' ``RateLimit`` rows locked in ascending key order
@@ -17,7 +18,8 @@ rest of the start. Here:
 
 The locks and their order are the portable path's: claims, then rate rows, then (for a
 job sent back, between 2 and 3) its semaphore; the job rows written last. Statement 3
-takes no lock the start does not hold already but its started jobs' rows.
+takes no lock the start does not hold already but its started jobs' rows. Each is bound
+on the server (``cursors.bound_cursor``), so prepared where ``prepare_threshold`` allows.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from django.db import connections
 
+from django_jobs.db.postgresql.cursors import bound_cursor
 from django_jobs.db.rows import Started, StartRow
 from django_jobs.models import ClaimedExecution, Job, JobStatus, RateLimit, UniqueUntil
 
@@ -42,7 +45,7 @@ def ensure_rate_rows(db: str, keys: Collection[str], now: datetime) -> None:
     value of the id sequence each time."""
     if not keys:
         return
-    with connections[db].cursor() as cursor:
+    with bound_cursor(connections[db]) as cursor:
         cursor.execute(ensure_statement(db), {"keys": sorted(keys), "now": now})
 
 
@@ -70,7 +73,7 @@ def lock_start_rows(db: str, process_id: int, job_ids: list[int]) -> list[StartR
     statement's snapshot: no transaction but this process's own writes a job whose
     claim it holds, and a transaction that locks another process's claim deletes it.
     """
-    with connections[db].cursor() as cursor:
+    with bound_cursor(connections[db]) as cursor:
         cursor.execute(lock_start_statement(db), [process_id, list(job_ids)])
         rows = cursor.fetchall()
     return [
@@ -91,7 +94,7 @@ def lock_start_statement(db: str) -> str:
     columns = ", ".join(f"j.{quote(name)}" for name in start_columns())
     return (
         f"WITH held AS MATERIALIZED (SELECT job_id FROM {claimed} "
-        f"WHERE process_id = %s AND job_id = ANY(%s) ORDER BY job_id FOR UPDATE) "
+        f"WHERE process_id = %s AND job_id = ANY(%s::bigint[]) ORDER BY job_id FOR UPDATE) "
         f"SELECT {columns} FROM {job} AS j JOIN held ON held.job_id = j.id "
         f"ORDER BY j.priority DESC, j.id"
     )
@@ -109,14 +112,26 @@ def lock_rate_rows(db: str, keys: Iterable[str]) -> list[RateLimit]:
     keys = sorted(set(keys))
     if not keys:
         return []
-    return list(RateLimit.objects.using(db).raw(lock_rate_statement(db), [keys]))
+    with bound_cursor(connections[db]) as cursor:
+        cursor.execute(lock_rate_statement(db), [keys])
+        rows = cursor.fetchall()
+    locked = []
+    for pk, key, limit, period, starts, planned, created_at, updated_at in rows:
+        values = [pk, key, limit, period, json_list(starts), json_list(planned)]
+        locked.append(RateLimit.from_db(db, RATE_FIELDS, [*values, created_at, updated_at]))
+    return locked
+
+
+# A rate row's columns, in the model's order (``Model.from_db`` takes a full row in it).
+RATE_FIELDS = ("id", "key", "limit", "period", "starts", "planned", "created_at", "updated_at")
 
 
 @functools.cache
 def lock_rate_statement(db: str) -> str:
     quote = connections[db].ops.quote_name
+    columns = ", ".join(quote(name) for name in RATE_FIELDS)
     return (
-        f"SELECT * FROM {quote(RateLimit._meta.db_table)} WHERE key = ANY(%s) "
+        f"SELECT {columns} FROM {quote(RateLimit._meta.db_table)} WHERE key = ANY(%s::text[]) "
         f'ORDER BY key COLLATE "C" FOR UPDATE'
     )
 
@@ -157,7 +172,7 @@ def write_rated_starts(
         "running": JobStatus.RUNNING,
         "start": UniqueUntil.START,
     }
-    with connections[db].cursor() as cursor:
+    with bound_cursor(connections[db]) as cursor:
         cursor.execute(write_statement(db), params)
     return written
 
