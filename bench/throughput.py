@@ -2424,6 +2424,12 @@ def wakeup(conf: JobsSettings) -> tuple[str, str]:
     which of the two it measured.
     """
     polling = f"polling every {conf.polling_interval:g} s"
+    if connection.vendor != "postgresql" and conf.ready_check_interval is not None:
+        return "ready check", (
+            f"the supervisor's ready check every {conf.ready_check_interval:g} s "
+            f"(docs/running.md), each worker polling every {conf.fallback_polling_interval:g} s "
+            f"as fallback ({polling} without the check)"
+        )
     if connection.vendor != "postgresql" or conf.listen_notify is False:
         return "polling", f"{polling}; no LISTEN/NOTIFY on this database or with these settings"
     return "LISTEN/NOTIFY", f"LISTEN/NOTIFY (notified after commit), {polling} as fallback"
