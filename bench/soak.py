@@ -125,7 +125,7 @@ from django_jobs.models import (  # noqa: E402
 from django_jobs.runtime.worker import unrecorded_bound  # noqa: E402
 from tests.harness import (  # noqa: E402
     RunJobs,
-    child_pids,
+    descendant_pids,
     max_overlap,
     most_in_any_period,
     pid_alive,
@@ -347,7 +347,7 @@ class Soak:
             pid
             for sup in self.supervisors
             if sup.proc.poll() is None
-            for pid in child_pids(sup.pid)
+            for pid in descendant_pids(sup.pid)  # forks of its warm parent
         }
         pids = Process.objects.filter(kind=Process.Kind.WORKER).values_list("pid", flat=True)
         return sorted(set(pids) & children)

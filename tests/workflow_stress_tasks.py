@@ -49,7 +49,7 @@ from typing import Any
 from django.db import connection
 
 from django_jobs import task
-from tests.harness import child_pids, max_overlap, wait_until
+from tests.harness import descendant_pids, max_overlap, wait_until
 
 AUDIT_DIR_ENV = "WORKFLOW_STRESS_DIR"
 PLANNED_FAILURE = f"{__name__}.PlannedFailure"
@@ -928,7 +928,7 @@ class WorkflowStress:
         # Busy: holding half its threads' worth of claims, or any after 10 s of waiting.
         self.due_since = self.due_since or time.monotonic()
         least = 1 if time.monotonic() - self.due_since > 10 else max(1, self.config.threads // 2)
-        ours = set(child_pids(self.supervisor.pid))
+        ours = set(descendant_pids(self.supervisor.pid))  # forks of its warm parent
         busy = (
             ClaimedExecution.objects.filter(process__kind=Process.Kind.WORKER)
             .values_list("process_id", "process__pid")
