@@ -37,6 +37,10 @@ def budget(postgresql: int, other: int) -> int:
     return postgresql if connection.vendor == "postgresql" else other
 
 
+def mysql() -> bool:
+    return connection.vendor == "mysql"
+
+
 def count(action) -> int:
     with CaptureQueriesContext(connection) as captured:
         action()
@@ -60,15 +64,18 @@ def claimed_and_started(worker, n: int) -> list[Job]:
 
 
 def test_enqueue_one_job():
-    # PostgreSQL: the job and its ready row in one statement (no BEGIN/COMMIT).
-    assert count(lambda: tasks.add.enqueue(1, 2)) <= budget(1, 4)
+    # PostgreSQL: the job and its ready row in one statement (no BEGIN/COMMIT); MySQL: one
+    # CALL of migration 0013's procedure (after the procedure's parameters, read once).
+    tasks.add.enqueue(0, 0)
+    assert count(lambda: tasks.add.enqueue(1, 2)) <= budget(1, 1 if mysql() else 4)
 
 
 def test_enqueue_one_job_in_the_callers_transaction():
     # Inside the caller's atomic(): the writes alone, no SAVEPOINT/RELEASE around them.
+    tasks.add.enqueue(0, 0)
     with transaction.atomic():
-        assert count(lambda: tasks.add.enqueue(1, 2)) <= budget(1, 2)
-    assert Job.objects.filter(status=JobStatus.READY).count() == 1
+        assert count(lambda: tasks.add.enqueue(1, 2)) <= budget(1, 1 if mysql() else 2)
+    assert Job.objects.filter(status=JobStatus.READY).count() == 2
 
 
 def test_bulk_enqueue_does_not_grow_with_the_jobs():
