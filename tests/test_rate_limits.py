@@ -315,6 +315,51 @@ def test_unprotected_two_workers_both_start(monkeypatch):
     assert race_two_starters(monkeypatch) == 2
 
 
+def race_prune_and_start(monkeypatch) -> RateLimit | None:
+    """A key idle for days: maintenance reads it as forgettable, then a start of it
+    commits, then maintenance deletes. Returns the key's row after both."""
+    from django_jobs.core import maintenance
+
+    worker = register_process(DB, "worker")
+    job_id = int(rate_tasks.once_a_minute.enqueue(1).id)
+    key = Job.objects.get(pk=job_id).rate_key
+    days_ago = timezone.now() - timedelta(days=3)
+    RateLimit.objects.create(
+        key=key, period=60.0, starts=[days_ago.timestamp()], planned=[], updated_at=days_ago
+    )
+    (job,) = claim_jobs(DB, worker.pk, ALL, 1)
+    paused = Paused(monkeypatch, maintenance, "delete_forgettable", before=True)
+    pruner = Runner(lambda: maintenance.prune_rate_limits(DB), paused)
+    pruner.start()
+    assert paused.reached.wait(10)  # the candidates read, nothing locked or deleted yet
+    assert [started.pk for started in start_jobs(DB, [job], worker.pk, worker.name)] == [job_id]
+    paused.resume.set()
+    pruner.finish()
+    return RateLimit.objects.filter(key=key).first()
+
+
+@races
+@pytest.mark.django_db(transaction=True)
+def test_a_prune_never_forgets_a_start_recorded_after_it_read(monkeypatch):
+    row = race_prune_and_start(monkeypatch)
+    assert row is not None, "the start's row was deleted: its key would begin an empty window"
+    started = Job.objects.get().last_attempted_at.timestamp()
+    assert started in row.starts
+
+
+@races
+@pytest.mark.django_db(transaction=True)
+def test_unprotected_a_prune_deleting_what_it_read_forgets_the_start(monkeypatch):
+    """The twin: deleting by id what the unlocked read found, without deciding again."""
+    from django_jobs.core import maintenance
+
+    def delete_as_read(db, keys, now):
+        return RateLimit.objects.using(db).filter(key__in=keys).delete()[0]
+
+    monkeypatch.setattr(maintenance, "delete_forgettable", delete_as_read)
+    assert race_prune_and_start(monkeypatch) is None
+
+
 # --- real worker processes ----------------------------------------------------------------
 
 
