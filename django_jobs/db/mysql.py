@@ -71,10 +71,11 @@ class Operations(base.Operations):
         column this job sets (a newer column than the procedure): the caller then
         takes the statements' path.
         """
-        fields = procedure_fields(db)
-        if fields is None or any(
-            getattr(job, field.attname) is not None for field in unlisted_fields(fields)
-        ):
+        found = procedure_fields(db)
+        if found is None:
+            return False
+        fields, unlisted = found
+        if any(getattr(job, field.attname) is not None for field in unlisted):
             return False
         connection = connections[db]
         own_transaction = connection.get_autocommit() and not connection.in_atomic_block
@@ -105,12 +106,14 @@ def procedure_key(db: str) -> tuple[str, Any]:
     return db, connections[db].settings_dict["NAME"]
 
 
-_procedure_fields: dict[tuple[str, Any], tuple[models.Field, ...] | None] = {}
+Fields = tuple["models.Field[Any, Any]", ...]
+_procedure_fields: dict[tuple[str, Any], tuple[Fields, Fields] | None] = {}
 
 
-def procedure_fields(db: str) -> tuple[models.Field, ...] | None:
-    """The job fields the procedure takes, in its order (after ``own_transaction``), read
-    once per database from information_schema; None without the procedure."""
+def procedure_fields(db: str) -> tuple[Fields, Fields] | None:
+    """The job fields the procedure takes, in its order (after ``own_transaction``), and
+    those it does not take (none, until a migration adds a job column), read once per
+    database from information_schema; None without the procedure."""
     from django_jobs.models import Job
 
     key = procedure_key(db)
@@ -129,16 +132,11 @@ def procedure_fields(db: str) -> tuple[models.Field, ...] | None:
         if not known or any(column not in by_column for column in columns):
             _procedure_fields[key] = None
         else:
-            _procedure_fields[key] = tuple(by_column[column] for column in columns)
+            taken = tuple(by_column[column] for column in columns)
+            unlisted = tuple(
+                field
+                for field in Job._meta.concrete_fields
+                if field not in taken and not field.primary_key
+            )
+            _procedure_fields[key] = (taken, unlisted)
     return _procedure_fields[key]
-
-
-def unlisted_fields(fields: tuple[models.Field, ...]) -> list[models.Field]:
-    """The job's fields the procedure does not take (none, until a column is added)."""
-    from django_jobs.models import Job
-
-    return [
-        field
-        for field in Job._meta.concrete_fields
-        if field not in fields and not field.primary_key
-    ]
