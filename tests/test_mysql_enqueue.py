@@ -44,7 +44,18 @@ def row_of(pk: int) -> dict:
     row = Job.objects.filter(pk=pk).values().get()
     row.pop("id")
     row.pop("enqueued_at")
+    # Each enqueue's own span, where the tests run with an OpenTelemetry SDK.
+    assert (row.pop("trace_context") is None) == (not otel_sdk())
     return row
+
+
+def otel_sdk() -> bool:
+    """A tracer provider is set (tests/test_tracing.py sets one for the rest of its process)."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return False
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 def test_the_procedure_takes_every_job_column_in_order():

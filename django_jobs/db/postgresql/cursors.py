@@ -3,12 +3,13 @@ start and finish, the statements run once per job or per batch of jobs."""
 
 from __future__ import annotations
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
 try:
     from django.db.backends.postgresql.base import ServerBindingCursor
-except ImportError:  # psycopg2: Django's cursors are all it has
+except (ImportError, ImproperlyConfigured):  # psycopg2 (Django's cursors only), or no driver
     ServerBindingCursor = None  # type: ignore[assignment,misc]  # the usual optional import
 
 
