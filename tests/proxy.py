@@ -37,20 +37,24 @@ class CuttableProxy:
             server.settimeout(None)
             with self.lock:
                 self.sockets += [client, server]
-            threading.Thread(target=self.pump, args=(client, server), daemon=True).start()
-            threading.Thread(target=self.pump, args=(server, client), daemon=True).start()
+            threading.Thread(target=self.pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self.pump, args=(server, client, False), daemon=True).start()
 
-    @staticmethod
-    def pump(source: socket.socket, target: socket.socket) -> None:
+    def pump(self, source: socket.socket, target: socket.socket, from_client: bool) -> None:
         try:
             while data := source.recv(65536):
                 target.sendall(data)
+                if from_client:
+                    self.sent(source, data)
         except OSError:
             pass
         finally:
             for sock in (source, target):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+
+    def sent(self, client: socket.socket, data: bytes) -> None:
+        """What ``client`` sent upstream, once forwarded (a subclass may look at it)."""
 
     def cut(self) -> None:
         with self.lock:

@@ -10,11 +10,9 @@ was woken, whatever the load of the machine.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
-import threading
 import time
 
 import pytest
@@ -23,6 +21,7 @@ from django.db import connection
 from django_jobs.models import Job, JobStatus, Process
 from tests import tasks
 from tests.harness import database_url, wait_until
+from tests.proxy import CuttableProxy
 
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
 
@@ -153,89 +152,52 @@ def test_without_the_check_workers_only_poll(run_jobs):
 # --- the idle host's queries, counted on the wire ------------------------------------------
 
 
-class CountingProxy:
+class CountingProxy(CuttableProxy):
     """Forwards 127.0.0.1:<port> to MariaDB and counts the statements clients send.
 
     A client's command is a MySQL packet with sequence number 0; COM_QUERY (0x03) is a
     statement, what MariaDB counts as a Question. Counted here, on this host's
-    connections alone: the server's own counters also count every other test's.
+    connections alone: the server's own counters also count every other test's. Where a
+    packet ends is followed per client connection (one stream each).
     """
 
     COM_QUERY = 0x03
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.lock = threading.Lock()
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.statements = 0
-        self.open: list[socket.socket] = []
-        threading.Thread(target=self.accept, daemon=True, name="proxy-accept").start()
+        # client socket -> (header so far, payload bytes still to pass)
+        self.parsers: dict[socket.socket, tuple[bytes, int]] = {}
+        super().__init__(upstream_host, upstream_port)
 
-    def accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream, timeout=5)
-            server.settimeout(None)
-            with self.lock:
-                self.open += [client, server]
-            threading.Thread(target=self.count, args=(client, server), daemon=True).start()
-            threading.Thread(target=self.pump, args=(server, client), daemon=True).start()
-
-    def count(self, source: socket.socket, target: socket.socket) -> None:
-        """Pump the client's bytes, counting the COM_QUERY packets among them."""
-        header = b""
-        skip = 0  # bytes of the current packet's payload still to pass
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                target.sendall(data)
-                view = memoryview(data)
-                while view:
-                    if skip:
-                        step = min(skip, len(view))
-                        skip -= step
-                        view = view[step:]
-                        continue
-                    need = 5 - len(header)  # 3 bytes of length, the sequence, a command
-                    header += bytes(view[:need])
-                    view = view[need:]
-                    if len(header) < 5:
-                        break
-                    length, sequence, command = (
-                        int.from_bytes(header[:3], "little"),
-                        header[3],
-                        header[4],
-                    )
-                    if sequence == 0 and command == self.COM_QUERY:
-                        with self.lock:
-                            self.statements += 1
-                    skip = max(0, length - 1)
-                    header = b""
-        self.shut(source, target)
-
-    def pump(self, source: socket.socket, target: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                target.sendall(data)
-        self.shut(source, target)
-
-    @staticmethod
-    def shut(*sockets: socket.socket) -> None:
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+    def sent(self, client: socket.socket, data: bytes) -> None:
+        header, skip = self.parsers.get(client, (b"", 0))
+        view = memoryview(data)
+        while view:
+            if skip:
+                step = min(skip, len(view))
+                skip -= step
+                view = view[step:]
+                continue
+            need = 5 - len(header)  # 3 bytes of length, the sequence, a command
+            header += bytes(view[:need])
+            view = view[need:]
+            if len(header) < 5:
+                break
+            length, sequence, command = (
+                int.from_bytes(header[:3], "little"),
+                header[3],
+                header[4],
+            )
+            if sequence == 0 and command == self.COM_QUERY:
+                with self.lock:
+                    self.statements += 1
+            skip = max(0, length - 1)
+            header = b""
+        self.parsers[client] = (header, skip)
 
     def counted(self) -> int:
         with self.lock:
             return self.statements
-
-    def close(self) -> None:
-        self.listener.close()
-        with self.lock:
-            self.shut(*self.open)
 
 
 def test_an_idle_host_of_2_x_8_sends_at_most_50_statements_a_second(run_jobs, figure):
@@ -245,7 +207,7 @@ def test_an_idle_host_of_2_x_8_sends_at_most_50_statements_a_second(run_jobs, fi
     if connection.vendor != "mysql":
         pytest.skip("counts MariaDB/MySQL protocol packets (the budget is MariaDB's)")
     settings = connection.settings_dict
-    proxy = CountingProxy((settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or 3306)))
+    proxy = CountingProxy(settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or 3306))
     try:
         proc = run_jobs(
             "--processes",
