@@ -143,14 +143,7 @@ def pick_ready(
                 cursor.execute(sql, params)
                 batch = cast(list[tuple[int, str]], cursor.fetchall())
         else:
-            rows = ReadyExecution.objects.using(db).select_for_update(skip_locked=True)
-            rows = rows.filter(where).exclude(queue_name__in=paused)
-            if full:
-                rows = rows.exclude(queue_name__in=full)
-            if picked:
-                # Rows this transaction already locked are not skipped: exclude them.
-                rows = rows.exclude(job_id__in=[job_id for job_id, _ in picked])
-            batch = list(rows.order_by(*order).values_list("job_id", "queue_name")[:want])
+            batch = list(ready_rows(db, where, paused, order, want, full, picked))
         over_cap = take_within_caps(batch, room, picked)
         rounds += 1
         # Candidates other claimers held: the next ones, a few rounds at most.
@@ -171,10 +164,29 @@ def plain_pick(db: str, condition: Q, order: tuple[str, ...], want: int) -> tupl
     by the ORM at every claim it cost a sixth of a no-op job's worker CPU on MariaDB
     (yappi). Compiled inside the caller's transaction, as a locking read must be."""
     paused = Pause.objects.using(db).values_list("queue_name", flat=True)
-    rows = ReadyExecution.objects.using(db).select_for_update(skip_locked=True)
-    rows = rows.filter(condition).exclude(queue_name__in=paused)
-    query = rows.order_by(*order).values_list("job_id", "queue_name")[:want].query
+    query = ready_rows(db, condition, paused, order, want).query
     return query.get_compiler(using=db).as_sql()
+
+
+def ready_rows(
+    db: str,
+    where: Q,
+    paused: set[str] | QuerySet,
+    order: tuple[str, ...],
+    want: int,
+    full: list[str] | None = None,
+    picked: list[tuple[int, str]] | None = None,
+) -> QuerySet:
+    """``(job id, queue)`` of up to ``want`` ready rows matching ``where``, locked, skipping
+    those other claimers hold, paused queues and the capped queues that are ``full``."""
+    rows = ReadyExecution.objects.using(db).select_for_update(skip_locked=True)
+    rows = rows.filter(where).exclude(queue_name__in=paused)
+    if full:
+        rows = rows.exclude(queue_name__in=full)
+    if picked:
+        # Rows this transaction already locked are not skipped: exclude them.
+        rows = rows.exclude(job_id__in=[job_id for job_id, _ in picked])
+    return rows.order_by(*order).values_list("job_id", "queue_name")[:want]
 
 
 def take_within_caps(
