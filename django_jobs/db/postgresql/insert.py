@@ -183,7 +183,7 @@ def column_values(field: models.Field, jobs: Sequence[Job]) -> list:
     values = [getattr(job, field.attname) for job in jobs]
     if isinstance(field, models.JSONField):
         # Sent as text and cast in the statement: no per-value adapter objects.
-        return [None if v is None else json.dumps(v, cls=field.encoder) for v in values]
+        return [None if v is None else json_text(field, v) for v in values]
     # The attributes already hold database values (prepare_job built them from
     # validated input): str, int, float, aware datetimes or None.
     return values
@@ -205,7 +205,7 @@ def prepared_values(
     else:
         values = [field.pre_save(row, True) for row in rows]
     if isinstance(field, models.JSONField):
-        return [None if v is None else json.dumps(v, cls=field.encoder) for v in values]
+        return [None if v is None else json_text(field, v) for v in values]
     prepare, plain = field.get_db_prep_save, unchanged_type(field)
     if plain is None:
         return [prepare(value, connection) for value in values]
