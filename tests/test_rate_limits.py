@@ -276,14 +276,15 @@ races = pytest.mark.skipif(
 )
 
 
-def race_two_starters(monkeypatch) -> int:
-    """Two workers start one job each of a key allowed one start a minute."""
+def race_two_starters(monkeypatch, pause_after=(starting, "lock_rate_limits")) -> int:
+    """Two workers start one job each of a key allowed one start a minute; the first is
+    paused once ``pause_after`` (module, name) has returned."""
     rate_tasks.once_a_minute.enqueue(1)
     rate_tasks.once_a_minute.enqueue(2)
     first_worker, second_worker = register_process(DB, "worker"), register_process(DB, "worker")
     (first_job,) = claim_jobs(DB, first_worker.pk, ALL, 1)
     (second_job,) = claim_jobs(DB, second_worker.pk, ALL, 1)
-    paused = Paused(monkeypatch, starting, "lock_rate_limits")
+    paused = Paused(monkeypatch, *pause_after)
     first = Runner(lambda: start_jobs(DB, [first_job], first_worker.pk, first_worker.name), paused)
     first.start()
     assert paused.reached.wait(10)  # read the window, not yet written it back

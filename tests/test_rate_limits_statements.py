@@ -30,7 +30,8 @@ from django_jobs.models import (
 )
 from tests import rate_tasks
 from tests.batch_tasks import unique_while_waiting
-from tests.test_races import Paused, Runner, wait_for
+from tests.test_races import Runner, wait_for
+from tests.test_rate_limits import race_two_starters
 
 DB = "default"
 ALL = QueueSelector(("*",))
@@ -197,20 +198,7 @@ def race_through_the_rate_lock(monkeypatch) -> int:
     PostgreSQL statement that locks the key's row (``lock_rate_rows``) returned."""
     from django_jobs.db.postgresql import rate_limits as pg
 
-    rate_tasks.once_a_minute.enqueue(1)
-    rate_tasks.once_a_minute.enqueue(2)
-    first_worker, second_worker = register_process(DB, "worker"), register_process(DB, "worker")
-    (first_job,) = claim_jobs(DB, first_worker.pk, ALL, 1)
-    (second_job,) = claim_jobs(DB, second_worker.pk, ALL, 1)
-    paused = Paused(monkeypatch, pg, "lock_rate_rows")
-    first = Runner(lambda: start_jobs(DB, [first_job], first_worker.pk, first_worker.name), paused)
-    first.start()
-    assert paused.reached.wait(10)
-    second = Runner(lambda: start_jobs(DB, [second_job], second_worker.pk, second_worker.name))
-    second.start()
-    wait_for(second.blocked_or_done, "the second start")
-    paused.resume.set()
-    return len(first.finish()) + len(second.finish())
+    return race_two_starters(monkeypatch, pause_after=(pg, "lock_rate_rows"))
 
 
 @postgresql
