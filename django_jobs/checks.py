@@ -194,6 +194,21 @@ SECONDS_SETTINGS = (
     "maintenance_interval",
     "db_retry_max_delay",
 )
+# Seconds where None means something of its own: (name, > 0 required, the hint, check id).
+OPTIONAL_SECONDS_SETTINGS = (
+    (
+        "ready_check_interval",
+        True,
+        "None turns the check off: idle workers then poll every 'polling_interval'.",
+        "django_jobs.E008",
+    ),
+    (
+        "clear_finished_jobs_after",
+        False,
+        "None keeps finished jobs forever; 0 deletes each at the next maintenance pass.",
+        "django_jobs.E023",
+    ),
+)
 
 
 def number_checks(conf: JobsSettings) -> list[Any]:
@@ -218,30 +233,11 @@ def number_checks(conf: JobsSettings) -> list[Any]:
         problem = setting_seconds_problem(name, getattr(conf, name), strict=True)
         if problem:
             errors.append(Error(problem, id="django_jobs.E008"))
-    check = conf.ready_check_interval
-    if check is not None:
-        problem = setting_seconds_problem("ready_check_interval", check, strict=True)
+    for name, strict, hint, check_id in OPTIONAL_SECONDS_SETTINGS:
+        value = getattr(conf, name)
+        problem = None if value is None else setting_seconds_problem(name, value, strict=strict)
         if problem:
-            errors.append(
-                Error(
-                    problem,
-                    hint="None turns the check off: idle workers then poll every "
-                    "'polling_interval'.",
-                    id="django_jobs.E008",
-                )
-            )
-    keep = conf.clear_finished_jobs_after
-    if keep is not None:
-        problem = setting_seconds_problem("clear_finished_jobs_after", keep, strict=False)
-        if problem:
-            errors.append(
-                Error(
-                    problem,
-                    hint="None keeps finished jobs forever; 0 deletes each at the next "
-                    "maintenance pass.",
-                    id="django_jobs.E023",
-                )
-            )
+            errors.append(Error(problem, hint=hint, id=check_id))
     if not errors and conf.alive_threshold <= conf.heartbeat_interval * 2:
         errors.append(
             Warning(
