@@ -326,11 +326,13 @@ class Operations:
         for name in ("starts", "planned", "limit", "period"):
             field = meta.get_field(name)
             assert isinstance(field, models.Field)
-            sets.append(
-                f"{quote(column(field))} = CASE id" + " WHEN %s THEN %s" * len(windows) + " END"
+            prep = field.get_db_prep_save
+            sql, values = case_by_id(
+                quote(column(field)),
+                [(row.pk, prep(getattr(row, name), connection)) for row in windows],
             )
-            for row in windows:
-                params += [row.pk, field.get_db_prep_save(getattr(row, name), connection)]
+            sets.append(sql)
+            params += values
         updated = meta.get_field("updated_at")
         params.append(updated.get_db_prep_save(now, connection))
         ids = [row.pk for row in windows]
@@ -377,9 +379,12 @@ class Operations:
         valued = [pk for pk in done if return_values[pk] is not None]
         value_sql = ""
         if valued:
-            value_sql = ", return_value = CASE id" + " WHEN %s THEN %s" * len(valued) + " END"
-            for pk in valued:
-                params += [pk, field.get_db_prep_save(return_values[pk], connection)]
+            sql, values = case_by_id(
+                "return_value",
+                [(pk, field.get_db_prep_save(return_values[pk], connection)) for pk in valued],
+            )
+            value_sql = f", {sql}"
+            params += values
         marks = ", ".join(["%s"] * len(done))
         with connection.cursor() as cursor:
             cursor.execute(
@@ -481,6 +486,14 @@ class Operations:
 
 # Ids per DELETE statement.
 DELETE_CHUNK = 500
+
+
+def case_by_id(target: str, values: Sequence[tuple[int, Any]]) -> tuple[str, list[Any]]:
+    """``target = CASE id WHEN %s THEN %s ... END`` and its parameters, for one UPDATE that
+    gives each row of ``values`` (id, value) its own value. No ELSE: a row the UPDATE
+    reaches but ``values`` does not name gets NULL."""
+    sql = f"{target} = CASE id" + " WHEN %s THEN %s" * len(values) + " END"
+    return sql, [param for pair in values for param in pair]
 
 
 def pk_column(model: type[models.Model]) -> str:
