@@ -250,13 +250,12 @@ def unchanged_type(field: models.Field) -> type | None:
 
 
 def insert_chunk(db: str, jobs: Sequence[Job]) -> None:
-    connection = connections[db]
     if len(jobs) == 1:
         insert_one(db, jobs[0])
         return
     sql, fields = statement(db)
     params = [column_values(field, jobs) for field in fields]
-    with connection.cursor() as cursor:
+    with connections[db].cursor() as cursor:
         cursor.execute(sql, params)
         assign_ids(db, jobs, [row[0] for row in cursor.fetchall()])
 
