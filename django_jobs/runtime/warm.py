@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import errno
 import gc
-import logging
 import os
 import pickle
 import selectors
@@ -47,7 +46,9 @@ import warnings
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-logger = logging.getLogger("django_jobs.supervisor")
+from django_jobs.text import jobs_logger
+
+logger = jobs_logger("django_jobs.supervisor")
 
 NUMBER = struct.Struct("q")  # a pid, an exit code, a request's length
 MAX_FDS = 2  # the status pipe's write end and, for a worker, its wake pipe's read end
