@@ -45,6 +45,7 @@ from django.db import connections
 
 from django_jobs.conf import JobsSettings
 from django_jobs.db import features
+from django_jobs.db.notify import first_line
 from django_jobs.db.retry import DB_ERRORS, Backoff, reset_connection
 from django_jobs.models import ReadyExecution
 from django_jobs.runtime.lifecycle import Lifecycle
@@ -150,7 +151,7 @@ class ReadyCheck:
                         "not checking for ready jobs (%s: %s); workers poll every "
                         "polling_interval meanwhile; retrying",
                         type(exc).__name__,
-                        str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                        first_line(exc),
                     )
                 self.last = None
                 self.lifecycle.stopping.wait(delay)
