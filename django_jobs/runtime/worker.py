@@ -240,10 +240,9 @@ class Worker:
         except BaseException:
             # Jobs no thread took are not running: forgotten here, their claims are
             # handed back before the next claim (``claims_in_doubt``, set by the caller).
-            with self.lock:
-                for job in jobs:
-                    if job.pk not in submitted:
-                        self.running.pop(job.pk, None)
+            for job in jobs:
+                if job.pk not in submitted:
+                    self.forget(job)
             raise
         return len(jobs)
 
@@ -261,15 +260,13 @@ class Worker:
             if job.pk in lost and job.status == JobStatus.SCHEDULED:
                 # Over its rate limit: the start sent it back to wait for its window.
                 logger.debug("job %s: rate-limited until %s", job.pk, job.rate_reserved_at)
-                with self.lock:
-                    self.running.pop(job.pk, None)
+                self.forget(job)
                 continue
             if job.pk in lost:
                 logger.warning(
                     "job %s: claim lost before start (process pruned?); not running it", job.pk
                 )
-                with self.lock:
-                    self.running.pop(job.pk, None)
+                self.forget(job)
                 continue
             self.pool.submit(self.run_one, job, job.pk in started)
             submitted.add(job.pk)
@@ -278,9 +275,19 @@ class Worker:
         try:
             execute_job(job, self.ctx, started=started)
         finally:
-            with self.lock:
-                self.running.pop(job.pk, None)
+            self.forget(job)
             self.lifecycle.wake.set()
+
+    def forget(self, job: Job) -> None:
+        """Take ``job`` (this claim's object) out of ``running``, unless the entry is a
+        newer claim of the same job. A failed attempt retried at once can be claimed again
+        by this process while the thread that recorded the failure is still on its way
+        out: popping by id then dropped the new run's entry, and the next check for
+        orphaned claims handed back a job that was running (its attempt undone, so the
+        same attempt ran twice; the chaos soak caught it)."""
+        with self.lock:
+            if self.running.get(job.pk) is job:
+                del self.running[job.pk]
 
     def running_besides_stuck(self) -> bool:
         """Jobs still running that may yet end (a stuck one will not: no use waiting)."""
