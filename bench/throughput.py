@@ -2432,7 +2432,7 @@ def wakeup(conf: JobsSettings) -> tuple[str, str]:
         )
     if connection.vendor != "postgresql" or conf.listen_notify is False:
         return "polling", f"{polling}; no LISTEN/NOTIFY on this database or with these settings"
-    return "LISTEN/NOTIFY", f"LISTEN/NOTIFY (notified after commit), {polling} as fallback"
+    return "LISTEN/NOTIFY", f"LISTEN/NOTIFY (notified at or after commit), {polling} as fallback"
 
 
 def circumstances(run: Run) -> dict[str, Any]:

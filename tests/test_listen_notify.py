@@ -22,6 +22,7 @@ import contextlib
 import importlib
 import json
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -81,9 +82,12 @@ NOTIFY_MIGRATION = "0006_ready_notify_from_enqueuers"
 
 
 @pytest.fixture(autouse=True)
-def notifier() -> Iterator[Notifier]:
+def notifier(monkeypatch) -> Iterator[Notifier]:
     """This process's notifier for the test, not started yet, and never stopped by idleness
-    (the tests look its connection up); none is left behind holding a connection."""
+    (the tests look its connection up); none is left behind holding a connection. Every
+    enqueue hands its queues to it: no process is ever quiet enough to notify in the
+    enqueue's own statement (the tests of that set ``INLINE_AFTER`` back themselves)."""
+    monkeypatch.setattr(notify, "INLINE_AFTER", math.inf)
     notify.stop_all()
     fresh = Notifier(partial(notify.connection_params, "default"), idle_close=60)
     notify.install("default", fresh)
@@ -392,6 +396,65 @@ def test_a_notification_is_sent_after_commit_by_the_notifier_and_never_on_rollba
 
 
 @postgres_only
+def test_a_quiet_process_notifies_in_the_enqueue_itself_at_commit_and_never_on_rollback(
+    notifier, monkeypatch
+):
+    """Every process quiet (``INLINE_AFTER`` 0): each single enqueue notifies in its own
+    statement, from the enqueuing connection, at its transaction's commit, never on
+    rollback, also under manual transaction management (which the notifier cannot serve);
+    the notifier is never needed."""
+    monkeypatch.setattr(notify, "INLINE_AFTER", 0.0)
+    with raw_listener() as raw:
+        enqueuer = backend_pid()
+        tasks.echo.using(queue_name="reports").enqueue("autocommit")
+        ((sent, queues),) = received_until(raw, "reports")
+        assert (sent.pid, queues) == (enqueuer, ["reports"])
+
+        with transaction.atomic():
+            tasks.echo.enqueue("open")  # queue "emails"
+            in_another_thread(enqueue_sentinel)  # another quiet enqueue, committed now
+            assert queues_notified(raw) == set()
+        received = received_until(raw, "emails")
+        assert [(n.pid, queues) for n, queues in received] == [(enqueuer, ["emails"])]
+
+        with contextlib.suppress(ZeroDivisionError), transaction.atomic():
+            tasks.echo.using(queue_name="reports").enqueue("rolled back")
+            1 / 0  # noqa: B018
+        enqueue_sentinel()
+        assert queues_notified(raw) == set()
+
+        transaction.set_autocommit(False)
+        try:
+            tasks.echo.using(queue_name="reports").enqueue("manual")
+            transaction.commit()
+        finally:
+            transaction.set_autocommit(True)
+        ((sent, queues),) = received_until(raw, "reports")
+        assert (sent.pid, queues) == (enqueuer, ["reports"])
+    assert notifier.thread is None  # nothing was handed over
+
+
+@postgres_only
+def test_only_an_enqueue_after_a_quiet_spell_notifies_by_itself(notifier, monkeypatch):
+    """A quiet spell of an hour: the process's first enqueue notifies in its statement; the
+    next ones, closer than that to the last, go through the notifier (coalesced there); a
+    bulk enqueue always does."""
+    monkeypatch.setattr(notify, "INLINE_AFTER", 3600.0)
+    with raw_listener() as raw:
+        enqueuer = backend_pid()
+        tasks.echo.using(queue_name="reports").enqueue("first")
+        tasks.echo.enqueue("second")  # queue "emails"
+        received = received_until(raw, "emails")
+        (sender,) = notifier_backends()
+        assert [(n.pid, queues) for n, queues in received] == [
+            (enqueuer, ["reports"]),
+            (sender, ["emails"]),
+        ]
+        assert sender != enqueuer
+        assert notifier.quiet() is False
+
+
+@postgres_only
 def test_bulk_enqueues_and_promotions_notify_the_queues_they_made_ready():
     with raw_listener() as raw:
         # A bulk enqueue (the one-statement insert, and the ORM's admission for a keyed
@@ -547,6 +610,8 @@ django.setup()
 from django.db import connections
 from django_jobs import notify
 from tests import tasks
+
+notify.INLINE_AFTER = float("inf")  # every enqueue through the notifier, as in the other tests
 
 def notifier_threads():
     return [t for t in threading.enumerate() if t.name == "django-jobs-notifier"]

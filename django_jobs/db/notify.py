@@ -12,6 +12,9 @@ nobody; each process has one notifier per database alias instead:
   one-statement enqueue) calls :func:`jobs_ready`, which registers
   ``on_commit``: the queue names reach the notifier only once the transaction
   has committed, and never if it rolls back. In autocommit that is at once.
+  The one exception: a single enqueue by a process quiet for a while notifies
+  in its own statement (:func:`inline_payload`), which the commit of an
+  occasional enqueue can afford and which starts its job a round trip sooner.
 - A daemon thread (started by the first such commit of the process, so never
   at import and never before a web server forks) holds a psycopg connection of
   its own, never one of Django's, to the alias the jobs were written through,
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import threading
 import time
@@ -81,6 +85,9 @@ NOTIFY_SQL = "SELECT set_config('synchronous_commit', 'off', true)"
 # enqueuing at once kept 0.68-0.73 of their rate without notifications at 5 ms, 0.80-0.97
 # at 20 ms (bench/throughput.py --phases concurrent, alternated runs).
 MIN_INTERVAL = 0.02
+# Seconds since a process last notified (or handed over) ready queues past which its next
+# single enqueue notifies in its own statement (:func:`inline_payload`).
+INLINE_AFTER = MIN_INTERVAL
 # Seconds without anything to send after which the connection is closed.
 IDLE_CLOSE = 2.0
 # Seconds the interpreter's exit waits for pending notifications (none in an outage).
@@ -125,6 +132,28 @@ def cancel_requested(db: str, job_id: int) -> None:
         connections[db].on_commit(partial(send_cancels, db, (job_id,)), robust=True)
     except TransactionManagementError:
         pass
+
+
+def inline_payload(db: str, queues: Iterable[str]) -> str | None:
+    """The payload for the enqueuing statement to ``pg_notify`` itself, or None: hand the
+    queues to the notifier instead (:func:`jobs_ready`).
+
+    A job enqueued by a process that has been quiet for :data:`INLINE_AFTER` seconds
+    (nothing notified or handed over, nothing pending) is notified by its own
+    statement: the notification leaves with the commit, a round trip sooner than the
+    notifier's own transaction could send it, and that round trip was the largest
+    part of the time from an idle enqueue to its start (bench/throughput.py
+    --phases latency: the notifier's NOTIFY took 0.8-1 ms of 3.3 ms, its connection
+    idle since the last job). The price is the one this module's docstring names:
+    the commit holds the server's notify lock through its WAL flush. A quiet
+    process pays it once per :data:`INLINE_AFTER` at most; a busy one never (its
+    enqueues follow each other closer than that, so they all go through the
+    notifier, coalesced). Like any NOTIFY it is transactional: sent at commit,
+    never on rollback, whatever the transaction around it.
+    """
+    if not enabled(db):
+        return None
+    return payload(queues) if notifier_for(db).quiet() else None
 
 
 def enabled(db: str) -> bool:
@@ -274,11 +303,29 @@ class Notifier:
         self.thread: threading.Thread | None = None
         self.connect_function: Any = None  # psycopg.connect, imported when the thread starts
         self.sent = 0  # notifications sent (tests and the bench read it)
+        # Monotonic time of the last ready queues handed over or notified by an enqueue.
+        self.last_ready = -math.inf
 
     # -- called by enqueuers (any thread) --
 
+    def quiet(self) -> bool:
+        """True if nothing was handed over or notified for :data:`INLINE_AFTER` seconds and
+        nothing waits to be sent (:func:`inline_payload`); either way, the quiet spell is
+        over. Unlocked: two threads both finding it quiet notify twice, which is harmless."""
+        now = time.monotonic()
+        quiet = (
+            now - self.last_ready > INLINE_AFTER
+            and not self.pending
+            and not self.pending_cancels
+            and not self.busy
+        )
+        self.last_ready = now
+        return quiet
+
     def send(self, queues: Iterable[str] = (), *, cancels: Iterable[int] = ()) -> None:
         with self.lock:
+            if queues:
+                self.last_ready = time.monotonic()
             self.pending.update(queues)
             self.pending_cancels.update(cancels)
             if (self.thread is None or not self.thread.is_alive()) and not self.halted:

@@ -26,7 +26,7 @@ from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_jobs.db.base import column
-from django_jobs.db.notify import jobs_ready
+from django_jobs.db.notify import CHANNEL, inline_payload, jobs_ready
 from django_jobs.db.postgresql.cursors import bound_cursor
 from django_jobs.models import Job, ReadyExecution
 
@@ -42,6 +42,13 @@ def insert_ready_jobs(db: str, jobs: Sequence[Job]) -> None:
     chunk wraps the call in a transaction. Idle workers of the jobs' queues are
     notified once it commits (``django_jobs.notify``).
     """
+    if len(jobs) == 1:
+        queues = (jobs[0].queue_name,)
+        notified = inline_payload(db, queues)
+        insert_one(db, jobs[0], notified)
+        if notified is None:
+            jobs_ready(db, queues)
+        return
     for start in range(0, len(jobs), CHUNK_SIZE):
         insert_chunk(db, jobs[start : start + CHUNK_SIZE])
     if jobs:
@@ -109,7 +116,7 @@ def rows_statement(db: str, model: type[models.Model]) -> tuple[str, list[models
 
 
 @lru_cache(maxsize=128)
-def single_statement(db: str, names: tuple[str, ...]) -> str:
+def single_statement(db: str, names: tuple[str, ...], notifies: bool = False) -> str:
     """The insert of one job from plain values (not arrays), giving only the columns
     ``names`` (the attributes the job sets; the others are NULL, which is what the
     column would get anyway).
@@ -120,13 +127,25 @@ def single_statement(db: str, names: tuple[str, ...]) -> str:
     statement a third as long. The few shapes a project's tasks have each get their
     own statement, prepared on the server once the connection allows it
     (``cursors.bound_cursor``).
+
+    ``notifies``: the statement also ``pg_notify``s its two last parameters (channel and
+    payload) for the listening workers, at its commit (``notify.inline_payload``).
     """
     by_name = {field.attname: field for field in job_fields()}
     fields = [by_name[name] for name in names]
     values = ", ".join(
         "%s::jsonb" if isinstance(field, models.JSONField) else "%s" for field in fields
     )
-    return with_ready_rows(db, fields, f"VALUES ({values})")
+    sql = with_ready_rows(db, fields, f"VALUES ({values})")
+    if notifies:
+        # The ready rows' insert becomes a CTE of its own, its ids selected beside the
+        # notification (pg_notify returns void: psycopg reads it as an empty string).
+        insert, returning = sql.rsplit(" INSERT INTO ", 1)
+        sql = (
+            f"{insert}, new_ready AS (INSERT INTO {returning}) "
+            f"SELECT job_id, pg_notify(%s, %s) FROM new_ready"
+        )
+    return sql
 
 
 @cache
@@ -260,16 +279,19 @@ def insert_chunk(db: str, jobs: Sequence[Job]) -> None:
         assign_ids(db, jobs, [row[0] for row in cursor.fetchall()])
 
 
-def insert_one(db: str, job: Job) -> None:
-    """Insert one job and its ready row (:func:`single_statement`); sets its ``pk``."""
+def insert_one(db: str, job: Job, notified: str | None = None) -> None:
+    """Insert one job and its ready row (:func:`single_statement`); sets its ``pk``.
+    ``notified``: the payload to notify the workers with, in the same statement."""
     names, params = [], []
     for field in job_fields():
         value = getattr(job, field.attname)
         if value is not None:
             names.append(field.attname)
             params.append(json_text(field, value) if isinstance(field, models.JSONField) else value)
+    if notified is not None:
+        params += [CHANNEL, notified]
     with bound_cursor(connections[db]) as cursor:
-        cursor.execute(single_statement(db, tuple(names)), params)
+        cursor.execute(single_statement(db, tuple(names), notified is not None), params)
         assign_ids(db, [job], [cursor.fetchone()[0]])
 
 
