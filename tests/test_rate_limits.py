@@ -276,9 +276,16 @@ races = pytest.mark.skipif(
 )
 
 
+def by_transaction(monkeypatch) -> None:
+    """Starts decided by the transaction (``starting.start_locked``) on every database, not
+    first by PostgreSQL's one statement (tests/test_rate_limits_one_statement.py races that)."""
+    monkeypatch.setattr(starting, "start_in_one_statement", lambda *args: None)
+
+
 def race_two_starters(monkeypatch, pause_after=(starting, "lock_rate_limits")) -> int:
-    """Two workers start one job each of a key allowed one start a minute; the first is
-    paused once ``pause_after`` (module, name) has returned."""
+    """Two workers start one job each of a key allowed one start a minute, by the
+    transaction; the first is paused once ``pause_after`` (module, name) has returned."""
+    by_transaction(monkeypatch)
     rate_tasks.once_a_minute.enqueue(1)
     rate_tasks.once_a_minute.enqueue(2)
     first_worker, second_worker = register_process(DB, "worker"), register_process(DB, "worker")

@@ -31,7 +31,7 @@ from django_jobs.models import (
 from tests import rate_tasks
 from tests.batch_tasks import unique_while_waiting
 from tests.test_races import Runner, wait_for
-from tests.test_rate_limits import race_two_starters
+from tests.test_rate_limits import by_transaction, race_two_starters
 
 DB = "default"
 ALL = QueueSelector(("*",))
@@ -222,7 +222,8 @@ def test_postgresql_rate_rows_read_without_their_lock_let_both_start(monkeypatch
 
 def race_with_a_recovery(monkeypatch) -> list[Job]:
     """A start of a rate-limited job whose claim another transaction (a recovery) has
-    locked and deleted, not yet committed; returns what the start started."""
+    locked and deleted, not yet committed; returns what the start started (by the one
+    statement on PostgreSQL, unless the test took it away)."""
     rate_tasks.once_a_minute.enqueue(1)
     worker = register_process(DB, "worker")
     (job,) = claim_jobs(DB, worker.pk, ALL, 1)
@@ -248,24 +249,35 @@ def race_with_a_recovery(monkeypatch) -> list[Job]:
 
 
 @postgresql
+@pytest.mark.parametrize("path", ["one statement", "transaction"])
 @pytest.mark.django_db(transaction=True)
 def test_postgresql_start_waits_for_a_claims_lock_and_skips_a_claim_deleted_meanwhile(
-    monkeypatch,
+    monkeypatch, path
 ):
+    if path == "transaction":
+        by_transaction(monkeypatch)
     assert race_with_a_recovery(monkeypatch) == []
     job = Job.objects.get()
     assert (job.status, job.attempts) == (JobStatus.CLAIMED, 0)
 
 
 @postgresql
+@pytest.mark.parametrize("path", ["one statement", "transaction"])
 @pytest.mark.django_db(transaction=True)
-def test_postgresql_claims_read_without_their_lock_start_a_job_being_recovered(monkeypatch):
-    """The twin: the start's first statement without ``FOR UPDATE`` starts a job whose
-    claim is being deleted."""
+def test_postgresql_claims_read_without_their_lock_start_a_job_being_recovered(monkeypatch, path):
+    """The twin: the claims read without ``FOR UPDATE`` (in the one statement, or in the
+    transaction's first statement) starts a job whose claim is being deleted."""
     from django_jobs.db.postgresql import rate_limits as pg
 
-    unlocked = pg.lock_start_statement(DB).replace(" FOR UPDATE", "")
-    monkeypatch.setattr(pg, "lock_start_statement", lambda db: unlocked)
+    if path == "transaction":
+        by_transaction(monkeypatch)
+        unlocked = pg.lock_start_statement(DB).replace(" FOR UPDATE", "")
+        monkeypatch.setattr(pg, "lock_start_statement", lambda db: unlocked)
+    else:
+        one = pg.start_rated_statement(DB)
+        unlocked = one.replace("ORDER BY job_id FOR UPDATE", "ORDER BY job_id")
+        assert unlocked != one
+        monkeypatch.setattr(pg, "start_rated_statement", lambda db: unlocked)
     assert len(race_with_a_recovery(monkeypatch)) == 1
     assert Job.objects.get().status == JobStatus.RUNNING
     assert not ClaimedExecution.objects.exists()
@@ -296,5 +308,7 @@ def test_postgresql_rated_starts_prepared_decide_as_unprepared():
     assert started == ids[:3]
     assert Job.objects.filter(pk__in=ids[3:4], status=JobStatus.SCHEDULED, attempts=0).count() == 1
     assert len(RateLimit.objects.get(key="tests.rate_tasks.call_api/a").starts) == 3
-    for opening in ("INSERT INTO", "WITH held AS", "SELECT", "WITH windows AS"):
+    # The first round by the one statement, the others (a job over the rate) by the
+    # transaction's three.
+    for opening in ("INSERT INTO", "WITH h AS", "WITH held AS", "SELECT", "WITH windows AS"):
         assert any(sql.startswith(opening) for sql in prepared), (opening, prepared)

@@ -34,11 +34,7 @@ from django.utils import timezone
 from django_jobs.db import ops
 from django_jobs.limits import MAX_SECONDS, is_number
 from django_jobs.models import RateLimit
-from django_jobs.tasks.rates import MAX_STARTS_PER_PERIOD, Rate
-
-# The shortest period a row's rate is taken to have: a zero or negative one (only a
-# hand-edited row has one) would make no start ever count against the next.
-MIN_PERIOD = 0.001
+from django_jobs.tasks.rates import MAX_STARTS_PER_PERIOD, MIN_PERIOD, Rate
 
 
 @dataclass

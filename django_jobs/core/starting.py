@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Protocol, cast
 
 from django.utils import timezone
 
@@ -55,12 +56,16 @@ def start_jobs(db: str, jobs: list[Job], process_id: int, worker_id: str) -> lis
     if any(job.rate_key for job in jobs):
         keys = {job.rate_key for job in jobs if job.rate_key}
         skipped = ensure_unknown_rate_rows(db, keys, now)
-        try:
-            written = start_locked(db, ids, process_id, worker_id, now, skipped)
-        except RateRowsMissing:
-            forget_keys(db, skipped)
-            ensure_rate_rows(db, skipped, now)
-            written = start_locked(db, ids, process_id, worker_id, now)
+        decided = start_in_one_statement(db, jobs, process_id, worker_id, now)
+        if decided is not None:
+            written = decided
+        else:
+            try:
+                written = start_locked(db, ids, process_id, worker_id, now, skipped)
+            except RateRowsMissing:
+                forget_keys(db, skipped)
+                ensure_rate_rows(db, skipped, now)
+                written = start_locked(db, ids, process_id, worker_id, now)
     elif features(db).can_start_in_one_statement:
         written = ops(db).start_held(db, ids, process_id, worker_id, now)
     else:
@@ -78,6 +83,35 @@ def start_jobs(db: str, jobs: list[Job], process_id: int, worker_id: str) -> lis
         job.rate_reserved_at = None
         started.append(job)
     return started
+
+
+class StartsRated(Protocol):
+    """A database's one-statement rated start (``Operations.start_rated`` on PostgreSQL)."""
+
+    def start_rated(
+        self, db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
+    ) -> dict[int, Started] | None: ...
+
+
+def start_in_one_statement(
+    db: str, jobs: list[Job], process_id: int, worker_id: str, now: datetime
+) -> dict[int, Started] | None:
+    """Where the database can (``can_start_rated_in_one_statement``), the start of ``jobs``
+    as one statement that locks, decides and writes what :func:`start_locked` would; None
+    if it was not tried, or decided nothing (a job would wait, a window it does not read
+    as ``Window`` does, a row gone), for :func:`start_locked` to decide.
+
+    Not tried when a job comes back from waiting for its planned time: its key's plan
+    is most likely still ahead (a backlog), which the statement leaves to
+    :func:`start_locked`, and trying would cost a round trip for nothing. A newcomer to
+    a key whose plan is ahead pays that round trip (docs/rate_limits.md, "What it costs").
+    """
+    if not getattr(features(db), "can_start_rated_in_one_statement", False):
+        return None
+    if any(job.rate_reserved_at is not None for job in jobs):
+        return None
+    seam = cast(StartsRated, ops(db))
+    return seam.start_rated(db, [job.pk for job in jobs], process_id, worker_id, now)
 
 
 def start_locked(

@@ -35,6 +35,9 @@ UNITS = {
 # rewrite a large list. 10,000 per period covers any rate worth limiting here
 # (10,000/s is a rate limit on the queue itself, not on an API).
 MAX_STARTS_PER_PERIOD = 10_000
+# The shortest period a row's rate is taken to have: a zero or negative one (only a
+# hand-edited row has one) would make no start ever count against the next.
+MIN_PERIOD = 0.001
 RATE_PATTERN = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([A-Za-z]+)\s*$")
 
 

@@ -32,6 +32,10 @@ class Features(base.Features):
     can_promote_in_one_statement = True
     can_insert_ready_in_one_statement = True
     can_settle_in_one_statement = True
+    # One statement starts rate-limited jobs when every one of them is admitted: it locks
+    # and decides as core.starting.start_locked would, or writes nothing and says so
+    # (Operations.start_rated). Not on base.Features yet: core reads it with getattr.
+    can_start_rated_in_one_statement = True
     has_listen_notify = True
     # jsonb refuses \u0000, and text columns refuse NUL.
     refuses_nul_in_text = True
@@ -119,6 +123,13 @@ class Operations(base.Operations):
     def ensure_rate_rows(self, db: str, keys: Collection[str], now: datetime) -> None:
         """One statement, ``INSERT ... ON CONFLICT DO NOTHING`` (``rate_limits``)."""
         rate_limits.ensure_rate_rows(db, keys, now)
+
+    def start_rated(
+        self, db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
+    ) -> dict[int, Started] | None:
+        """One statement: claims and rate rows locked, every rate decided and written,
+        or nothing written and None (``rate_limits.start_rated``)."""
+        return rate_limits.start_rated(db, job_ids, process_id, worker_id, now)
 
     def lock_start_rows(self, db: str, process_id: int, job_ids: list[int]) -> list[StartRow]:
         """One statement: the claims locked, then their jobs read (``rate_limits``)."""

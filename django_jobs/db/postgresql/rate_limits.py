@@ -1,4 +1,5 @@
-"""A rate-limited start on PostgreSQL: four statements written once, where the ORM built six.
+"""A rate-limited start on PostgreSQL: one statement when the limit does not hold it back, else
+four statements written once, where the ORM built six.
 
 Through the ORM a start that decides rates (``core.starting.start_jobs``) was a read of
 its keys' rows, BEGIN, the claims' locking SELECT, the jobs' read, the rate rows'
@@ -20,6 +21,14 @@ The locks and their order are the portable path's: claims, then rate rows, then 
 job sent back, between 2 and 3) its semaphore; the job rows written last. Statement 3
 takes no lock the start does not hold already but its started jobs' rows. Each is bound
 on the server (``cursors.bound_cursor``), so prepared where ``prepare_threshold`` allows.
+
+Before that transaction, a start tries :func:`start_rated`: 1, 2, the decision and 3 in
+one statement, in autocommit, for the starts it can decide exactly as ``Window`` does
+with every job admitted (a limit that does not hold the start back). One round trip
+where the transaction takes five (BEGIN, three statements, COMMIT), and no window
+read into Python. What it leaves (a job would wait, a window it does not read as
+``Window`` reads it) it leaves having written nothing, and the transaction decides:
+one round trip more for those (docs/rate_limits.md, "What it costs").
 """
 
 from __future__ import annotations
@@ -34,7 +43,9 @@ from django.db import connections
 
 from django_jobs.db.postgresql.cursors import bound_cursor
 from django_jobs.db.rows import Started, StartRow
+from django_jobs.limits import MAX_SECONDS
 from django_jobs.models import ClaimedExecution, Job, JobStatus, RateLimit, UniqueUntil
+from django_jobs.tasks.rates import MAX_STARTS_PER_PERIOD, MIN_PERIOD
 
 
 def ensure_rate_rows(db: str, keys: Collection[str], now: datetime) -> None:
@@ -199,3 +210,156 @@ def write_statement(db: str) -> str:
         f"%(stamps)s::timestamptz[]) AS s(id, attempts, workers, stamp) "
         f"WHERE j.id = s.id"
     )
+
+
+# --- a start decided and written by one statement --------------------------------------------
+
+
+def start_rated(
+    db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
+) -> dict[int, Started] | None:
+    """Start the jobs of ``job_ids`` whose claims ``process_id`` holds, rate limits decided,
+    in one statement (its own transaction in autocommit); None if it decided nothing.
+
+    The statement locks what the transaction of ``core.starting.start_locked`` locks, in
+    the same order (the claims in ascending job id, then the rate rows in ascending key
+    order by code point), decides each key's jobs as ``core.rate_limits.Window`` would,
+    in claim order, and writes the windows and the starts. It decides only what it can
+    decide exactly as ``Window.decide`` does, and only when every job is admitted: a key
+    whose window would send a job back to wait, or that it cannot read as ``Window``
+    reads it, makes it write nothing and answer None, its locks released at its end, for
+    the caller to start the jobs by the transaction. :func:`start_rated_statement` says
+    which cases it takes, and why its answer is then the window's own.
+    """
+    clock = now.timestamp()
+    params: dict[str, Any] = {
+        "process": process_id,
+        "ids": list(job_ids),
+        "clock": clock,
+        "clock_json": json.dumps(clock),
+        "now": now,
+        "worker": json.dumps([worker_id]),
+    }
+    with bound_cursor(connections[db]) as cursor:
+        cursor.execute(start_rated_statement(db), params)
+        rows = cursor.fetchall()
+    if not rows or not rows[0][0]:
+        return None
+    return {
+        pk: Started(attempts, json_list(worker_ids), started_at, last_attempted_at)
+        for _, pk, attempts, worker_ids, started_at, last_attempted_at in rows
+        if pk is not None
+    }
+
+
+@functools.cache
+def start_rated_statement(db: str) -> str:
+    """The statement of :func:`start_rated`, in the order it runs. Under 4,096 characters,
+    so that psycopg keeps its conversion of the placeholders (longer statements are
+    converted again at every execution: a tenth of a rated start's CPU).
+
+    Locks: ``h`` locks the claims (ascending job id); ``j`` reads their jobs by an array
+    of them all (an init plan, computed in full before the first job is read), so every
+    claim is locked first; ``w`` groups the jobs by key and ``l`` locks the keys' rate
+    rows (ascending key, collation "C"), its key list an init plan too. A locked row is
+    read as it is once locked (READ COMMITTED reads again a row updated meanwhile),
+    never as the statement's snapshot has it: every window is read from ``l``.
+
+    Reading a window as ``Window`` does (``e``, then ``x``): each element of ``starts``
+    and ``planned`` that is a JSON number, as a float8 (the cast and Python's
+    ``float()`` both round the decimal correctly, to the same double), those after the
+    horizon (now plus a century) dropped, anything not a number dropped, as ``times()``
+    and ``decide()`` drop them. A number beyond 1e15 or (but 0) within 1e-6 of 0 is no
+    start time, and one past a float's range would fail the cast where Python drops it:
+    its key is not decided here (``t`` is NULL for it).
+
+    The decision (``c``, then ``d``): a key's ``m`` jobs are all admitted at ``c``, the
+    later of now and the last of its starts, if its row was locked; its jobs carry one
+    rate within ``usable_rate``'s bounds (L starts per T seconds); its starts after
+    ``c - T``, plus ``m``, are at most L (no job finds the window full, and ``starts``
+    is never cut); no planned time is after ``c`` (no job without a reservation queues
+    behind the plan); and no job's reservation is ``c`` itself. Then, as
+    ``Window.admit`` run m times: ``starts`` is the kept starts after ``c - T``, in
+    their order, and m times ``c``; ``planned`` is the kept plan less, for each
+    reserved time, as many of its copies as jobs reserved it (at most as many as it
+    holds), plus m times ``c``, the L latest, ascending. Cutting to L at each
+    admission, as ``admit`` does, or once at the end is the same when ``c`` is the
+    latest time (docs/rate_limits.md). Times are compared as float8, as Python compares
+    floats, and every element written is one the row held or ``c`` as Python writes it
+    (``clock_json``), never a float8 printed by the server. A start time is
+    ``datetime.fromtimestamp(c, UTC)``: whole seconds, plus the fraction's microseconds
+    rounded half to even (``round`` of a float8).
+
+    ``v`` is false if any key's jobs are not all admitted: then neither UPDATE writes a
+    row, and the one row returned says so in its first column.
+    """
+    quote = connections[db].ops.quote_name
+    job, claimed = quote(Job._meta.db_table), quote(ClaimedExecution._meta.db_table)
+    rate = quote(RateLimit._meta.db_table)
+    clock = "%(clock)s::float8"
+    horizon = f"{clock} + {MAX_SECONDS!r}::float8"  # as Window.decide adds them
+    return (
+        f"WITH h AS MATERIALIZED (SELECT job_id FROM {claimed} WHERE process_id = "
+        f"%(process)s AND job_id = ANY(%(ids)s::bigint[]) ORDER BY job_id FOR UPDATE), "
+        f"j AS MATERIALIZED (SELECT id, rate_key AS k, rate_limit AS n, rate_period AS p, "
+        f"EXTRACT(EPOCH FROM rate_reserved_at)::float8 AS r FROM {job} "
+        f"WHERE id = ANY(ARRAY(SELECT job_id FROM h))), "
+        f"w AS MATERIALIZED (SELECT k, count(*) AS m, min(n) AS n, max(n) AS n2, "
+        f"min(p) AS p, max(p) AS p2 FROM j WHERE k IS NOT NULL GROUP BY k), "
+        f"l AS MATERIALIZED (SELECT id, key AS k, starts, planned FROM {rate} "
+        f'WHERE key = ANY(ARRAY(SELECT k FROM w)) ORDER BY key COLLATE "C" FOR UPDATE), '
+        f"e AS MATERIALIZED (SELECT k, s, o, v, n, CASE WHEN n = 0 OR abs(n) "
+        f"BETWEEN 1e-6 AND 1e15 THEN n::float8 END AS t FROM (SELECT l.k, a.s, a.o, a.v, "
+        f"CASE WHEN jsonb_typeof(a.v) = 'number' THEN a.v::numeric END AS n FROM l, "
+        f"LATERAL (SELECT true AS s, o, v FROM jsonb_array_elements(CASE WHEN "
+        f"jsonb_typeof(l.starts) = 'array' THEN l.starts ELSE '[]' END) "
+        f"WITH ORDINALITY AS b(v, o) UNION ALL SELECT false, o, v FROM "
+        f"jsonb_array_elements(CASE WHEN jsonb_typeof(l.planned) = 'array' "
+        f"THEN l.planned ELSE '[]' END) WITH ORDINALITY AS b(v, o)) AS a) AS b), "
+        f"x AS MATERIALIZED (SELECT k, s, o, v, t FROM e WHERE t <= {horizon}), "
+        f"c AS MATERIALIZED (SELECT w.k, w.m, w.n, w.p, l.id, "
+        f"GREATEST({clock}, z.t) AS c, "
+        f"CASE WHEN z.t > {clock} THEN z.v ELSE %(clock_json)s::jsonb END AS cj, "
+        f"COALESCE(l.id IS NOT NULL AND w.n = w.n2 AND w.p = w.p2 "
+        f"AND w.n BETWEEN 1 AND {MAX_STARTS_PER_PERIOD} "
+        f"AND w.p BETWEEN {MIN_PERIOD!r}::float8 AND {MAX_SECONDS!r}::float8 "
+        f"AND NOT EXISTS (SELECT FROM e WHERE e.k = w.k AND e.n IS NOT NULL "
+        f"AND e.t IS NULL), false) AS ok FROM w LEFT JOIN l ON l.k = w.k "
+        f"LEFT JOIN LATERAL (SELECT t, v FROM x WHERE x.k = w.k AND x.s "
+        f"ORDER BY o DESC LIMIT 1) AS z ON true), "
+        f"d AS MATERIALIZED (SELECT c.*, COALESCE(ok AND (SELECT count(*) FROM x "
+        f"WHERE x.k = c.k AND x.s AND x.t > c.c - c.p) + c.m <= c.n "
+        f"AND NOT EXISTS (SELECT FROM x WHERE x.k = c.k AND NOT x.s AND x.t > c.c) "
+        f"AND NOT EXISTS (SELECT FROM j WHERE j.k = c.k AND j.r = c.c), false) AS ok2 "
+        f"FROM c), "
+        f"v AS MATERIALIZED (SELECT COALESCE(bool_and(ok2), true) AS ok FROM d), "
+        f"u AS (UPDATE {rate} AS r SET starts = COALESCE((SELECT jsonb_agg(v ORDER BY o) "
+        f"FROM x WHERE x.k = d.k AND x.s AND x.t > d.c - d.p), '[]') "
+        f"|| to_jsonb(array_fill(d.cj, ARRAY[d.m::int])), "
+        f"planned = (SELECT jsonb_agg(v ORDER BY t) FROM (SELECT v, t FROM "
+        f"(SELECT v, t, row_number() OVER (PARTITION BY t ORDER BY o) AS i FROM x "
+        f"WHERE x.k = d.k AND NOT x.s) AS a "
+        f"WHERE i > (SELECT count(*) FROM j WHERE j.k = d.k AND j.r = a.t) "
+        f"UNION ALL SELECT d.cj, d.c FROM generate_series(1, d.m) "
+        f"ORDER BY 2 DESC LIMIT d.n) AS b), "
+        f"{quote('limit')} = d.n, {quote('period')} = d.p, updated_at = %(now)s "
+        f"FROM d WHERE r.id = d.id AND (SELECT ok FROM v)), "
+        f"s AS (UPDATE {job} AS q SET status = {literal(JobStatus.RUNNING)}, "
+        f"attempts = q.attempts + 1, "
+        f"worker_ids = COALESCE(q.worker_ids, '[]') || %(worker)s::jsonb, "
+        f"started_at = COALESCE(q.started_at, z.at), last_attempted_at = z.at, "
+        f"unique_lock = CASE WHEN q.unique_until = {literal(UniqueUntil.START)} THEN NULL "
+        f"ELSE q.unique_lock END, "
+        f"rate_reserved_at = CASE WHEN q.rate_key IS NULL THEN q.rate_reserved_at END "
+        f"FROM (SELECT j.id, CASE WHEN d.c IS NULL THEN %(now)s::timestamptz "
+        f"ELSE to_timestamp(trunc(d.c)) + round((d.c - trunc(d.c)) * 1e6::float8) "
+        f"* interval '1 microsecond' END AS at FROM j LEFT JOIN d ON d.k = j.k) AS z "
+        f"WHERE q.id = z.id AND (SELECT ok FROM v) "
+        f"RETURNING q.id, q.attempts, q.worker_ids, q.started_at, q.last_attempted_at) "
+        f"SELECT (SELECT ok FROM v), s.* FROM (SELECT) AS o LEFT JOIN s ON true"
+    )
+
+
+def literal(value: str) -> str:
+    """One of our own constants (a status, a ``unique_until``) as an SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
