@@ -90,6 +90,11 @@ def claim_jobs(
         return []
     if features(db).can_claim_in_one_statement and not caps:
         return claim_in_one_statement(db, process_id, selector, limit, worker_id)
+    queues = named_queues(selector)
+    if not caps and queues is not PATTERNS:
+        claimed = ops(db).claim_ready(db, process_id, queues, limit, worker_id, timezone.now())
+        if claimed is not None:
+            return claimed
     with hot_transaction(db):
         # Read in the claim query itself, unless queue caps need the list first.
         paused_names = Pause.objects.using(db).values_list("queue_name", flat=True)
@@ -104,6 +109,28 @@ def claim_jobs(
         if not picked:
             return []
         return record_claims(db, process_id, picked, worker_id)
+
+
+# named_queues' answer for a selector with a ``prefix*`` pattern, or ``*`` after a name.
+PATTERNS: tuple[str, ...] = ("*",)
+
+
+def named_queues(selector: QueueSelector) -> list[str] | tuple[str, ...] | None:
+    """The selector as ``ops.claim_ready`` takes it: None for every queue (``*`` first),
+    the exact names in their order (each once: rows this claim holds are not skipped by
+    its next pick), or :data:`PATTERNS` where it has patterns of another kind, which
+    the statements' claim serves."""
+    names: list[str] = []
+    for pattern in selector.patterns:
+        if pattern == "*":
+            # Nothing after it adds a queue; before it, the picks would need to leave
+            # out the rows the names' picks hold.
+            return PATTERNS if names else None
+        if selector.is_wildcard(pattern):
+            return PATTERNS
+        if pattern not in names:
+            names.append(pattern)
+    return names
 
 
 def pick_ready(

@@ -477,6 +477,34 @@ class Operations:
 
     insert_chunk_size = 5000
 
+    def claim_ready(
+        self,
+        db: str,
+        process_id: int,
+        queues: Sequence[str] | None,
+        limit: int,
+        worker_id: str | None,
+        now: datetime,
+    ) -> list[Job] | None:
+        """Claim, and start those that start at claim (``core.ready.starts_at_claim``), up to
+        ``limit`` ready jobs of ``queues`` (exact names in order; None: every queue) in one
+        round trip, where the database has a way (MySQL/MariaDB: a stored procedure) that
+        takes the statements' locks in their order; the jobs as written, in claim order.
+        None, having done nothing, where it has none: the caller takes the statements'
+        path (``core.ready.claim_jobs``)."""
+        return None
+
+    def finish_plain(
+        self, db: str, process_id: int, return_values: dict[int, object], now: datetime
+    ) -> set[int] | None:
+        """Record the success of the jobs of ``return_values`` whose claim ``process_id``
+        holds and which, read under that claim's lock, have no concurrency key, no batch
+        and no workflow, in one round trip, where the database has a way (MySQL/MariaDB:
+        a stored procedure) that takes ``core.claimed.finish_locked``'s locks in its
+        order; the ids it finished (the caller finishes the others its own way). None,
+        having done nothing, where it has none."""
+        return None
+
     def enqueue_ready(self, db: str, job: Job) -> bool:
         """Insert one job that is ready at once with nothing to lock or check, and its
         ready row, in one round trip, where the database has a way (MySQL/MariaDB: a

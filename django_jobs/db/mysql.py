@@ -4,7 +4,10 @@ by its own key."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+import functools
+import json
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, models
@@ -12,13 +15,36 @@ from django.db.models import QuerySet
 
 from django_jobs.db import base
 from django_jobs.db.base import RowT
+from django_jobs.db.job_rows import job_from_row
 
 if TYPE_CHECKING:
     from django_jobs.models import Job
 
 # Migration 0013's procedure: one ready job and its ready row in one round trip.
 ENQUEUE_PROCEDURE = "django_jobs_enqueue_ready"
-# The server's "no such procedure" (a database migrated back before 0013).
+ENQUEUE_SAVEPOINT = "django_jobs_enqueue"
+# Migration 0014's procedure: a worker's claim (and start) in one round trip.
+CLAIM_PROCEDURE = "django_jobs_claim_ready"
+CLAIM_SAVEPOINT = "django_jobs_claim"
+# Its parameters, in order, as this code sends them.
+CLAIM_PARAMETERS = (
+    "own_transaction",
+    "p_process_id",
+    "p_queues",
+    "p_limit",
+    "p_worker_id",
+    "p_now",
+)
+# Migration 0015's procedure: a finish of jobs with no key, batch or workflow in one round trip.
+FINISH_PROCEDURE = "django_jobs_finish_plain"
+FINISH_SAVEPOINT = "django_jobs_finish"
+FINISH_PARAMETERS = ("own_transaction", "p_process_id", "p_outcomes", "p_now")
+# The most jobs one CALL claims: the procedure gathers their ids in a JSON document, copied
+# whole at each row it adds; a bigger claim (no worker asks for one, a worker's is at most
+# twice its threads) takes the statements' path.
+MAX_CLAIM_PROCEDURE = 1000
+# The server's "no such procedure" (a database migrated back before 0013, or 0014). The
+# same number says "no such savepoint", which is not a missing procedure.
 NO_SUCH_PROCEDURE = 1305
 
 # MariaDB's JSON_VALID refuses a document nested 32 levels deep.
@@ -78,27 +104,180 @@ class Operations(base.Operations):
         if any(getattr(job, field.attname) is not None for field in unlisted):
             return False
         connection = connections[db]
-        own_transaction = connection.get_autocommit() and not connection.in_atomic_block
-        params = [own_transaction]
-        params += [
+        params = [
             field.get_db_prep_save(getattr(job, field.attname), connection) for field in fields
         ]
-        placeholders = ", ".join(["%s"] * len(params))
         try:
-            with connection.cursor() as cursor:
-                cursor.execute(f"CALL {ENQUEUE_PROCEDURE}({placeholders})", params)
-                pk = cursor.fetchone()[0]
-                while cursor.nextset():  # the CALL's own status: read, or the next statement fails
-                    pass
+            _, rows = call(db, ENQUEUE_PROCEDURE, ENQUEUE_SAVEPOINT, params)
         except DatabaseError as exc:
-            if getattr(exc.__cause__, "args", (None,))[0] != NO_SUCH_PROCEDURE:
+            if not procedure_missing(exc):
                 raise
             _procedure_fields.pop(procedure_key(db), None)
             return False
-        job.pk = pk
+        job.pk = rows[0][0]
         job._state.adding = False
         job._state.db = db
         return True
+
+    def claim_ready(
+        self,
+        db: str,
+        process_id: int,
+        queues: Sequence[str] | None,
+        limit: int,
+        worker_id: str | None,
+        now: datetime,
+    ) -> list[Job] | None:
+        """Claim, and start, up to ``limit`` ready jobs with one ``CALL`` (migration 0014):
+        one round trip where the statements' claim takes seven. The same locks in the
+        same order (the ready rows with SKIP LOCKED in claim order, then the jobs
+        ascending by id, then the claims' INSERT and the ready rows' DELETE by primary
+        key: docs/design.md section 4), rolled back on any error. In the caller's
+        transaction it works under a savepoint of its own, as :meth:`enqueue_ready`.
+
+        ``queues``: exact names, taken in this order; None, every queue. Returns the jobs
+        as written, in claim order; None, having done nothing, where the procedure is
+        missing (not migrated, or the user may not create routines), or the claim is
+        bigger than :data:`MAX_CLAIM_PROCEDURE`: the caller takes the statements' path.
+        """
+        if limit > MAX_CLAIM_PROCEDURE or not has_procedure(db, CLAIM_PROCEDURE, CLAIM_PARAMETERS):
+            return None
+        connection = connections[db]
+        params = [
+            process_id,
+            None if queues is None else json.dumps(list(queues)),
+            limit,
+            worker_id,
+            connection.ops.adapt_datetimefield_value(now),
+        ]
+        try:
+            names, rows = call(db, CLAIM_PROCEDURE, CLAIM_SAVEPOINT, params)
+        except DatabaseError as exc:
+            if not procedure_missing(exc):
+                raise
+            _procedures.pop((procedure_key(db), CLAIM_PROCEDURE), None)
+            return None
+        order = job_column_order(names)
+        return [job_from_row(db, connection, tuple(row[i] for i in order)) for row in rows]
+
+    def finish_plain(
+        self, db: str, process_id: int, return_values: dict[int, object], now: datetime
+    ) -> set[int] | None:
+        """Finish the plain jobs of ``return_values`` with one ``CALL`` (migration 0015): one
+        round trip where ``core.claimed.finish_locked``'s transaction takes five. The same
+        locks in the same order (this process's claims ascending by job id, each with its
+        job's row, then their DELETE and the jobs' UPDATE by primary key), rolled back on
+        any error; in the caller's transaction under a savepoint of its own. A claim found
+        keyed, batched or of a workflow once locked is left to the caller, as is one gone.
+
+        Returns the ids finished; None, having done nothing, where the procedure is missing.
+        """
+        if not has_procedure(db, FINISH_PROCEDURE, FINISH_PARAMETERS):
+            return None
+        from django_jobs.models import Job
+
+        connection = connections[db]
+        field = Job._meta.get_field("return_value")
+        outcomes = [
+            [pk, None if value is None else field.get_db_prep_save(value, connection)]
+            for pk, value in sorted(return_values.items())
+        ]
+        params = [process_id, json.dumps(outcomes), connection.ops.adapt_datetimefield_value(now)]
+        try:
+            _, rows = call(db, FINISH_PROCEDURE, FINISH_SAVEPOINT, params)
+        except DatabaseError as exc:
+            if not procedure_missing(exc):
+                raise
+            _procedures.pop((procedure_key(db), FINISH_PROCEDURE), None)
+            return None
+        return {row[0] for row in rows}
+
+
+def call(
+    db: str, procedure: str, savepoint: str, params: list[Any]
+) -> tuple[tuple[str, ...], list[tuple]]:
+    """``CALL`` one of our procedures, its first parameter (``own_transaction``) decided
+    here: its own transaction where the caller is in autocommit, else a savepoint (named
+    ``savepoint``, as in the procedure) of the caller's transaction. Returns the names of
+    its result's columns and its rows.
+
+    Every procedure rolls back what it wrote on any error, in its handler; should the
+    server end one without running the handler (MariaDB 10.11 runs none for a CHECK
+    constraint's error in a multi-table UPDATE: the transaction stayed open, its earlier
+    writes in it, for the connection's next statements to commit), the rollback is
+    done here, so that no error leaves half a transition behind.
+    """
+    connection = connections[db]
+    own_transaction = connection.get_autocommit() and not connection.in_atomic_block
+    marks = ", ".join(["%s"] * (len(params) + 1))
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f"CALL {procedure}({marks})", [own_transaction, *params])
+            names = tuple(column[0] for column in cursor.description or ())
+            rows = list(cursor.fetchall())
+            # The CALL's own status, after its COMMIT: read, or the next statement fails,
+            # and an error there is raised here.
+            while cursor.nextset():
+                pass
+    except DatabaseError:
+        roll_back_call(connection, own_transaction, savepoint)
+        raise
+    return names, rows
+
+
+def roll_back_call(connection: Any, own_transaction: bool, savepoint: str) -> None:
+    """After a failed CALL: ROLLBACK (TO SAVEPOINT), which changes nothing where the
+    procedure's handler already rolled back. An error here (the connection lost, the
+    savepoint gone with a transaction a deadlock rolled back) is not the one to raise."""
+    sql = "ROLLBACK" if own_transaction else f"ROLLBACK TO SAVEPOINT {savepoint}"
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+    except DatabaseError:
+        pass
+
+
+def procedure_missing(exc: DatabaseError) -> bool:
+    """Whether the server said our procedure does not exist (not a missing savepoint,
+    whose error has the same number: a caller's transaction rolled back by a deadlock)."""
+    args = getattr(exc.__cause__, "args", (None, ""))
+    return args[0] == NO_SUCH_PROCEDURE and str(args[1]).startswith("PROCEDURE")
+
+
+@functools.cache
+def job_column_order(names: tuple[str, ...]) -> tuple[int, ...]:
+    """Where each of the job's columns (in ``job_rows.select_list``'s order) is among the
+    ``names`` the procedure returned: it selects ``j.*``, the table's order, which a column
+    added to the model later need not follow."""
+    from django_jobs.models import Job
+
+    where = {name: index for index, name in enumerate(names)}
+    return tuple(where[base.column(field)] for field in Job._meta.concrete_fields)
+
+
+# (procedure_key, procedure) -> whether it is there, with the parameters this code sends.
+_procedures: dict[tuple[tuple[str, Any], str], bool] = {}
+
+
+def has_procedure(db: str, name: str, parameters: tuple[str, ...]) -> bool:
+    """Whether our procedure ``name`` is there with ``parameters``, the ones this code
+    sends; read once per database from information_schema."""
+    key = (procedure_key(db), name)
+    if key not in _procedures:
+        _procedures[key] = procedure_parameters(db, name) == parameters
+    return _procedures[key]
+
+
+def procedure_parameters(db: str, name: str) -> tuple[str, ...]:
+    """The parameters of our procedure ``name``, in order; none where it is missing."""
+    with connections[db].cursor() as cursor:
+        cursor.execute(
+            "SELECT parameter_name FROM information_schema.parameters "
+            "WHERE specific_schema = DATABASE() AND specific_name = %s "
+            "AND routine_type = 'PROCEDURE' ORDER BY ordinal_position",
+            [name],
+        )
+        return tuple(row[0] for row in cursor.fetchall())
 
 
 def procedure_key(db: str) -> tuple[str, Any]:
@@ -118,14 +297,7 @@ def procedure_fields(db: str) -> tuple[Fields, Fields] | None:
 
     key = procedure_key(db)
     if key not in _procedure_fields:
-        with connections[db].cursor() as cursor:
-            cursor.execute(
-                "SELECT parameter_name FROM information_schema.parameters "
-                "WHERE specific_schema = DATABASE() AND specific_name = %s "
-                "AND routine_type = 'PROCEDURE' ORDER BY ordinal_position",
-                [ENQUEUE_PROCEDURE],
-            )
-            names = [row[0] for row in cursor.fetchall()]
+        names = procedure_parameters(db, ENQUEUE_PROCEDURE)
         by_column = {field.column: field for field in Job._meta.concrete_fields}
         columns = [name.removeprefix("p_") for name in names[1:]]
         known = bool(names) and names[0] == "own_transaction"
