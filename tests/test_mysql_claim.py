@@ -310,6 +310,43 @@ def test_without_the_procedure_the_statements_take_over(worker):
     assert any("CALL" in q["sql"] for q in captured.captured_queries)
 
 
+@pytest.fixture
+def queue_names_in_another_collation():
+    """The queue columns the claim compares in a collation that is not their character
+    set's default (a database created with ``COLLATE utf8mb4_unicode_ci``), and the
+    procedure created over them, as migrate would have created it."""
+    models = (ReadyExecution, Pause)
+
+    def alter(collation: str | None) -> None:
+        for model in models:
+            table = connection.ops.quote_name(model._meta.db_table)
+            kind = model._meta.get_field("queue_name").db_type(connection)
+            collate = f" COLLATE {collation}" if collation else ""
+            with connection.cursor() as cursor:
+                cursor.execute(f"ALTER TABLE {table} MODIFY queue_name {kind}{collate} NOT NULL")
+        with connection.schema_editor() as editor:
+            migration().create_procedure(ProjectState.from_apps(apps).apps, editor)
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@collation_database")
+        (default,) = cursor.fetchone()
+    other = "utf8mb4_unicode_ci" if default != "utf8mb4_unicode_ci" else "utf8mb4_bin"
+    alter(other)
+    try:
+        yield
+    finally:
+        alter(default)
+
+
+def test_a_claim_of_named_queues_in_any_collation(queue_names_in_another_collation, worker):
+    bulk_enqueue([(tasks.add.using(queue_name=name), (1, 1), {}) for name in ("emails", "slow")])
+    Pause.objects.create(queue_name="slow")
+    with CaptureQueriesContext(connection) as captured:
+        jobs = claim_jobs(DB, worker.pk, QueueSelector(("slow", "emails")), 2, worker_id="w")
+    assert any("CALL" in q["sql"] for q in captured.captured_queries)
+    assert [job.queue_name for job in jobs] == ["emails"]
+
+
 def lock_wait_timeout(seconds: int) -> None:
     """This thread's connection gives up waiting for a row lock after ``seconds``: a claim
     that waited for another's rows fails the test instead of hanging it."""

@@ -40,17 +40,25 @@ NOT_ALLOWED = (1044, 1142, 1227, 1419)
 MAX_SECONDS = 100 * 366 * 86400
 
 
-def column_type(schema_editor, table: str, name: str) -> tuple[str, str]:
-    """A column's type and its character set clause, as the server declares them, so a
-    value reaches the procedure in the column's own encoding."""
+def column_type(schema_editor, table: str, name: str) -> tuple[str, str, str]:
+    """A column's type, its character set clause and its collation clause, as the server
+    declares them: a value reaches the procedure in the column's own encoding, and a
+    variable compared with the column compares as the column does (two collations of
+    one character set, both implicit, are an "illegal mix": a table whose collation is
+    not its character set's default would fail every claim of a named queue)."""
     with schema_editor.connection.cursor() as cursor:
         cursor.execute(
-            "SELECT column_type, character_set_name FROM information_schema.columns "
+            "SELECT column_type, character_set_name, collation_name "
+            "FROM information_schema.columns "
             "WHERE table_schema = DATABASE() AND table_name = %s AND column_name = %s",
             [table, name],
         )
-        kind, charset = cursor.fetchone()
-    return kind, f" CHARACTER SET {charset}" if charset else ""
+        kind, charset, collation = cursor.fetchone()
+    return (
+        kind,
+        f" CHARACTER SET {charset}" if charset else "",
+        f" COLLATE {collation}" if collation else "",
+    )
 
 
 def procedure_sql(apps, schema_editor) -> str:
@@ -62,9 +70,11 @@ def procedure_sql(apps, schema_editor) -> str:
     job, ready, claimed, pause = (
         quote(tables[name]) for name in ("Job", "ReadyExecution", "ClaimedExecution", "Pause")
     )
-    queue_kind, queue_charset = column_type(schema_editor, tables["ReadyExecution"], "queue_name")
-    queue = queue_kind + queue_charset
-    _, text_charset = column_type(schema_editor, tables["Job"], "worker_ids")
+    queue_kind, queue_charset, queue_collation = column_type(
+        schema_editor, tables["ReadyExecution"], "queue_name"
+    )
+    queue = queue_kind + queue_charset + queue_collation
+    _, text_charset, _ = column_type(schema_editor, tables["Job"], "worker_ids")
     picked = (
         f"JSON_TABLE(picked, '$[*]' COLUMNS (ord FOR ORDINALITY, id_ BIGINT PATH '$[0]', "
         f"queue_ {queue} PATH '$[1]')) AS ids_"
