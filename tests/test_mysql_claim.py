@@ -506,6 +506,23 @@ def test_a_finish_batch_writes_what_the_statements_write(worker, frozen_finish, 
     }
 
 
+def test_a_batch_of_nones_clears_what_an_earlier_run_left(worker, frozen_finish, finish_statements):
+    """No job of the batch returned anything: both paths write NULL over a value a row held
+    (the statements' UPDATE has no CASE then, and once left the old value)."""
+    jobs = running(worker, [(tasks.add, (i, 1), {}) for i in range(2)])
+    Job.objects.filter(pk=jobs[0].pk).update(return_value={"earlier": "run"})
+    values = dict.fromkeys((job.pk for job in jobs), None)
+    warm_finish(worker)
+    before = snapshot()
+    assert finish_jobs(DB, worker.pk, values, jobs) == set(values)
+    after_procedure = snapshot()
+    restore(before)
+    finish_statements()
+    assert finish_jobs(DB, worker.pk, values, jobs) == set(values)
+    assert after_procedure == snapshot()
+    assert set(Job.objects.values_list("return_value", flat=True)) == {None}
+
+
 def test_keyed_batched_and_gone_claims_are_left_to_the_general_path(worker):
     """A batch of plain jobs, keyed ones (their finish frees the slot and admits the next
     one) and one whose claim is gone: the procedure finishes the plain ones, the general

@@ -122,9 +122,10 @@ class Operations:
         return f"DELETE FROM {table} WHERE {column} IN ({marks})"
 
     # The statements of a claim, a start and a finish, written once in SQL rather than built
-    # by the ORM: on MariaDB and SQLite they are every worker's every batch, and building the
-    # queries (a ``CASE`` per return value, in ``bulk_update``) cost more CPU than the
-    # database spent running them (docs/running.md, "What runs").
+    # by the ORM: on SQLite (and on MariaDB where its procedures do not apply) they are every
+    # worker's every batch, and building the queries (a ``CASE`` per return value, in
+    # ``bulk_update``) cost more CPU than the database spent running them (docs/running.md,
+    # "What runs").
 
     def read_jobs(self, db: str, ids: list[int], *, lock: bool = False) -> dict[int, Job]:
         """Read jobs: the jobs ``ids``, by id, as ``Job.objects`` would build them.
@@ -377,7 +378,8 @@ class Operations:
         finished_at = Job._meta.get_field("finished_at").get_db_prep_save(now, connection)
         params: list[Any] = [JobStatus.SUCCEEDED, finished_at]
         valued = [pk for pk in done if return_values[pk] is not None]
-        value_sql = ""
+        # No job of the batch returned anything: no CASE, every value NULL all the same.
+        value_sql = ", return_value = NULL"
         if valued:
             sql, values = case_by_id(
                 "return_value",
