@@ -72,11 +72,14 @@ def in_order(values: list) -> list:
 
 
 @st.composite
-def windows(draw, clock: float, period: float, reserved: list[datetime]) -> tuple[list, list]:
+def windows(
+    draw, clock: float, period: float, reserved: list[datetime], clean: bool
+) -> tuple[list, list]:
     """A key's starts and plan. Mostly as starts leave them: in order, each start planned
     too, sometimes the last one from a clock ahead of ours; the plan holding the times of
-    jobs back from waiting. Now and then a hostile one: any order, plans ahead, garbage."""
-    hostile = not draw(st.integers(0, 4))
+    jobs back from waiting. Unless ``clean``, now and then a hostile one: any order,
+    plans ahead, garbage."""
+    hostile = not clean and not draw(st.integers(0, 4))
     starts = draw(st.lists(moments(clock, period, hostile), max_size=6))
     planned = draw(st.lists(moments(clock, period, hostile), max_size=4))
     if hostile:
@@ -90,28 +93,36 @@ def windows(draw, clock: float, period: float, reserved: list[datetime]) -> tupl
     return starts, in_order(planned)
 
 
+# Rates no window of at most six starts fills, for starts a limit does not hold back.
+ROOMY = [(100, 1.0), (50, 60.0), (10_000, 1.0)]
+
+
 @st.composite
-def scenarios(draw) -> dict:
+def scenarios(draw, clean: bool = False) -> dict:
     """Up to three keys, each with its row (or none), its window and one to three claimed
-    jobs of one rate (or, now and then, another one), some of them back from waiting."""
+    jobs of one rate (or, now and then, another one), some of them back from waiting.
+    ``clean``: a start no limit holds back, of windows as starts leave them (a clock
+    ahead and jobs back from waiting included), which the statement must decide."""
     now = BASE + timedelta(microseconds=draw(st.integers(0, 10**13)))
     clock = now.timestamp()
     keys = []
     for n in range(draw(st.sampled_from([1, 1, 2, 3]))):
-        limit, period = draw(st.sampled_from(RATES))
+        limit, period = draw(st.sampled_from(ROOMY if clean else RATES))
         reserved = [
-            now - timedelta(microseconds=draw(st.integers(-10, 3_000_000)))
+            now - timedelta(microseconds=draw(st.integers(1 if clean else -10, 3_000_000)))
             for _ in range(draw(st.integers(0, 2)))
         ]
-        starts, planned = draw(windows(clock, period, reserved))
+        starts, planned = draw(windows(clock, period, reserved, clean))
         jobs = []
         for _ in range(draw(st.integers(1, 3))):
-            rate = (limit, period) if draw(st.integers(0, 19)) else draw(st.sampled_from(RATES))
-            if not draw(st.integers(0, 39)):
+            rate = (limit, period)
+            if not clean and not draw(st.integers(0, 19)):
+                rate = draw(st.sampled_from(RATES))
+            if not clean and not draw(st.integers(0, 39)):
                 rate = draw(st.sampled_from([(0, 1.0), (20_000, 1.0), (3, 0.0), (3, math.nan)]))
             back = reserved and draw(st.booleans())
             jobs.append((rate, draw(st.sampled_from(reserved)) if back else None))
-        row = draw(st.integers(0, 19)) > 0
+        row = clean or draw(st.integers(0, 19)) > 0
         keys.append({"key": f"k{n}", "row": row, "starts": starts, "planned": planned})
         keys[-1]["jobs"] = jobs
     plain = draw(st.integers(0, 1))  # a job unique until its start, without a rate
@@ -185,56 +196,71 @@ def written(ids: list[int]) -> tuple:
     return jobs, claims, windows
 
 
-TALLY: dict[str, int] = {}
-
-
-@given(scenario=scenarios())
-@settings(max_examples=500)
-def decides_as_the_window(process_id: int, scenario: dict) -> None:
+def compare(process_id: int, scenario: dict) -> bool:
+    """Start the scenario's jobs by the statement, then (rolled back to before it) by the
+    transaction: whatever the statement decides, the transaction decides the same, to the
+    microsecond; what it leaves, it leaves untouched. Whether it decided."""
     now = scenario["now"]
     with transaction.atomic():
         ids = plant(scenario, process_id)
         before = written(ids)
         tried = transaction.savepoint_create()
-        one = pg().start_rated(DB, ids, process_id, "this worker", now)
+        one, missing = pg().start_rated(DB, ids, process_id, "this worker", now)
         by_statement = written(ids)
         transaction.savepoint_rollback(tried)
         locked = starting.start_locked(DB, ids, process_id, "this worker", now)
         by_window = written(ids)
         transaction.set_rollback(True)
+    rowless = sorted(k["key"] for k in scenario["keys"] if not k["row"])
     if one is None:
-        # Left to the transaction, having written nothing.
+        # Left to the transaction, having written nothing; naming the keys without a row.
         assert by_statement == before
-        TALLY["left"] = TALLY.get("left", 0) + 1
+        assert sorted(missing) == rowless
         event("left to the transaction")
-        return
+        return False
     assert not any(isinstance(row, Waiting) for row in locked.values())
-    assert one == locked
+    assert (one, missing, rowless) == (locked, [], [])
     assert by_statement == by_window
-    TALLY["decided"] = TALLY.get("decided", 0) + 1
-    clock = now.timestamp()
-    if any(row.last_attempted_at.timestamp() > clock for row in one.values()):
-        TALLY["clock behind"] = TALLY.get("clock behind", 0) + 1
-    if any(k["row"] and any(r for _, r in k["jobs"]) for k in scenario["keys"]):
-        TALLY["reserved"] = TALLY.get("reserved", 0) + 1
     event("decided by the statement")
+    return True
+
+
+@given(scenario=scenarios())
+@settings(max_examples=500)
+def decides_as_the_window(process_id: int, scenario: dict) -> None:
+    compare(process_id, scenario)
+
+
+SEEN: dict[str, int] = {}
+
+
+@given(scenario=scenarios(clean=True))
+@settings(max_examples=200)
+def decides_what_no_limit_holds_back(process_id: int, scenario: dict) -> None:
+    assert compare(process_id, scenario)
+    clock = scenario["now"].timestamp()
+    if any(isinstance(t, float) and t > clock for k in scenario["keys"] for t in k["starts"]):
+        SEEN["a clock ahead"] = SEEN.get("a clock ahead", 0) + 1
+    if any(reserved for k in scenario["keys"] for _, reserved in k["jobs"]):
+        SEEN["back from waiting"] = SEEN.get("back from waiting", 0) + 1
 
 
 @pytest.mark.django_db
 def test_the_statement_decides_as_the_window_or_leaves_the_start_to_the_transaction():
-    """Generated windows (garbage included), rates and reservations: whenever the
+    """Generated windows (garbage, plans ahead, clocks ahead, any order), rates (some out
+    of bounds, some differing within a key), reservations and rows gone: whenever the
     statement decides, it starts what the transaction starts and writes what it writes
-    (the same jobs, windows, times to the microsecond); otherwise it writes nothing.
-    And it does decide most starts a limit does not hold back, including those of a
-    clock behind another worker's (stamped at the later start) and of jobs back from
-    waiting for their planned time."""
-    TALLY.clear()
-    process = register_process(DB, "worker")
-    decides_as_the_window(process.pk)
-    assert TALLY.get("decided", 0) >= 100, TALLY
-    assert TALLY.get("left", 0) >= 100, TALLY
-    assert TALLY.get("clock behind", 0) >= 5, TALLY
-    assert TALLY.get("reserved", 0) >= 5, TALLY
+    (the same jobs, windows, times to the microsecond); otherwise it writes nothing."""
+    decides_as_the_window(register_process(DB, "worker").pk)
+
+
+@pytest.mark.django_db
+def test_the_statement_decides_every_start_no_limit_holds_back():
+    """Windows as starts leave them, with room: the statement decides each of them (as
+    the transaction would), a clock ahead of ours and jobs back from waiting included."""
+    SEEN.clear()
+    decides_what_no_limit_holds_back(register_process(DB, "worker").pk)
+    assert min(SEEN.get("a clock ahead", 0), SEEN.get("back from waiting", 0)) >= 10, SEEN
 
 
 @pytest.mark.django_db
@@ -253,7 +279,7 @@ def test_a_start_after_a_clock_ahead_is_stamped_as_datetime_fromtimestamp_stamps
     }
     scenario["keys"][0]["jobs"] = [((3, 1.0), None)]
     ids = plant(scenario, process.pk)
-    started = pg().start_rated(DB, ids, process.pk, "this worker", now)
+    started, _ = pg().start_rated(DB, ids, process.pk, "this worker", now)
     assert started is not None
     stamp = datetime.fromtimestamp(ahead, tz=UTC)
     assert started[ids[0]].last_attempted_at == stamp
@@ -270,13 +296,31 @@ def test_a_start_the_limit_does_not_hold_back_is_one_statement():
     ids = [int(rate_tasks.call_api.enqueue(account).id) for account in ("a", "b", "a")]
     ensure_rate_rows(DB, ["tests.rate_tasks.call_api/a", "tests.rate_tasks.call_api/b"])
     claimed = claim_jobs(DB, worker.pk, ALL, 10)
-    # Rows this connection has seen: the start does not make sure of them again.
-    starting.ensure_unknown_rate_rows(DB, {job.rate_key for job in claimed}, timezone.now())
     with CaptureQueriesContext(connection) as queries:
         started = start_jobs(DB, claimed, worker.pk, worker.name)
     assert sorted(job.pk for job in started) == ids
     assert [query["sql"][:9] for query in queries.captured_queries] == ["WITH h AS"]
     assert {len(row.starts) for row in RateLimit.objects.all()} == {1, 2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_without_a_row_gets_one_and_the_statement_is_tried_again():
+    """A key started for the first time anywhere (or pruned since): the statement names
+    it, writing nothing; its row is created, and the statement starts the job."""
+    worker = register_process(DB, "worker")
+    ensure_rate_rows(DB, ["tests.rate_tasks.call_api/a"])
+    ids = [int(rate_tasks.call_api.enqueue(account).id) for account in ("a", "b")]
+    claimed = claim_jobs(DB, worker.pk, ALL, 10)
+    with CaptureQueriesContext(connection) as queries:
+        started = start_jobs(DB, claimed, worker.pk, worker.name)
+    assert sorted(job.pk for job in started) == ids
+    statements = [query["sql"][:11] for query in queries.captured_queries]
+    assert statements == ["WITH h AS M", "INSERT INTO", "WITH h AS M"]
+    assert sorted(RateLimit.objects.values_list("key", flat=True)) == [
+        "tests.rate_tasks.call_api/a",
+        "tests.rate_tasks.call_api/b",
+    ]
+    assert [len(row.starts) for row in RateLimit.objects.all()] == [1, 1]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -295,7 +339,8 @@ def test_a_start_over_the_limit_is_left_to_the_transaction(monkeypatch):
     ids = [int(rate_tasks.once_a_minute.enqueue(n).id) for n in range(3)]
     claimed = claim_jobs(DB, worker.pk, ALL, 10)
     assert [job.pk for job in start_jobs(DB, claimed, worker.pk, worker.name)] == ids[:1]
-    assert answers == [None]
+    # Its key had no row: named, created, then the statement again, which leaves it.
+    assert answers == [(None, ["tests.rate_tasks.once_a_minute"]), (None, [])]
     assert Job.objects.filter(status=JobStatus.SCHEDULED, attempts=0).count() == 2
 
 

@@ -54,18 +54,10 @@ def start_jobs(db: str, jobs: list[Job], process_id: int, worker_id: str) -> lis
     ids = [job.pk for job in jobs]
     written: Mapping[int, Started | Waiting]
     if any(job.rate_key for job in jobs):
-        keys = {job.rate_key for job in jobs if job.rate_key}
-        skipped = ensure_unknown_rate_rows(db, keys, now)
         decided = start_in_one_statement(db, jobs, process_id, worker_id, now)
-        if decided is not None:
-            written = decided
-        else:
-            try:
-                written = start_locked(db, ids, process_id, worker_id, now, skipped)
-            except RateRowsMissing:
-                forget_keys(db, skipped)
-                ensure_rate_rows(db, skipped, now)
-                written = start_locked(db, ids, process_id, worker_id, now)
+        written = (
+            decided if decided is not None else start_rated(db, jobs, process_id, worker_id, now)
+        )
     elif features(db).can_start_in_one_statement:
         written = ops(db).start_held(db, ids, process_id, worker_id, now)
     else:
@@ -85,12 +77,29 @@ def start_jobs(db: str, jobs: list[Job], process_id: int, worker_id: str) -> lis
     return started
 
 
+def start_rated(
+    db: str, jobs: list[Job], process_id: int, worker_id: str, now: datetime
+) -> dict[int, Started | Waiting]:
+    """:func:`start_locked` for a start with rate-limited jobs, their keys' rows made sure
+    of first (those this connection has not seen a row of, then, if a row it had seen is
+    gone, all of them: ``core.rate_limits.ensure_unknown_rate_rows``)."""
+    ids = [job.pk for job in jobs]
+    skipped = ensure_unknown_rate_rows(db, {job.rate_key for job in jobs if job.rate_key}, now)
+    try:
+        return start_locked(db, ids, process_id, worker_id, now, skipped)
+    except RateRowsMissing:
+        forget_keys(db, skipped)
+        ensure_rate_rows(db, skipped, now)
+        return start_locked(db, ids, process_id, worker_id, now)
+
+
 class StartsRated(Protocol):
-    """A database's one-statement rated start (``Operations.start_rated`` on PostgreSQL)."""
+    """A database's one-statement rated start (``Operations.start_rated`` on PostgreSQL):
+    the starts as written, or None if it decided nothing; and the keys without a row."""
 
     def start_rated(
         self, db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
-    ) -> dict[int, Started] | None: ...
+    ) -> tuple[dict[int, Started] | None, list[str]]: ...
 
 
 def start_in_one_statement(
@@ -99,7 +108,12 @@ def start_in_one_statement(
     """Where the database can (``can_start_rated_in_one_statement``), the start of ``jobs``
     as one statement that locks, decides and writes what :func:`start_locked` would; None
     if it was not tried, or decided nothing (a job would wait, a window it does not read
-    as ``Window`` does, a row gone), for :func:`start_locked` to decide.
+    as ``Window`` does), for :func:`start_rated` to decide.
+
+    Rows are not made sure of first: a key of the start without a row (new, or pruned)
+    makes the statement decide nothing and name it; its rows are created and the
+    statement tried once more. A key's row is created once, by the first start of it
+    anywhere, not once per connection that starts it.
 
     Not tried when a job comes back from waiting for its planned time: its key's plan
     is most likely still ahead (a backlog), which the statement leaves to
@@ -111,7 +125,12 @@ def start_in_one_statement(
     if any(job.rate_reserved_at is not None for job in jobs):
         return None
     seam = cast(StartsRated, ops(db))
-    return seam.start_rated(db, [job.pk for job in jobs], process_id, worker_id, now)
+    ids = [job.pk for job in jobs]
+    decided, missing = seam.start_rated(db, ids, process_id, worker_id, now)
+    if missing:
+        ensure_rate_rows(db, missing, now)
+        decided, _ = seam.start_rated(db, ids, process_id, worker_id, now)
+    return decided
 
 
 def start_locked(

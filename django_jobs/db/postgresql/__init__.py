@@ -126,9 +126,9 @@ class Operations(base.Operations):
 
     def start_rated(
         self, db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
-    ) -> dict[int, Started] | None:
-        """One statement: claims and rate rows locked, every rate decided and written,
-        or nothing written and None (``rate_limits.start_rated``)."""
+    ) -> tuple[dict[int, Started] | None, list[str]]:
+        """One statement: claims and rate rows locked, every rate decided and written, or
+        nothing written and None, with the keys that have no row (``rate_limits.start_rated``)."""
         return rate_limits.start_rated(db, job_ids, process_id, worker_id, now)
 
     def lock_start_rows(self, db: str, process_id: int, job_ids: list[int]) -> list[StartRow]:

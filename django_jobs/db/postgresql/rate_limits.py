@@ -217,24 +217,28 @@ def write_statement(db: str) -> str:
 
 def start_rated(
     db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
-) -> dict[int, Started] | None:
+) -> tuple[dict[int, Started] | None, list[str]]:
     """Start the jobs of ``job_ids`` whose claims ``process_id`` holds, rate limits decided,
-    in one statement (its own transaction in autocommit); None if it decided nothing.
+    in one statement (its own transaction in autocommit). Returns each start as written,
+    or None if it decided nothing; and the keys it found no row for.
 
     The statement locks what the transaction of ``core.starting.start_locked`` locks, in
     the same order (the claims in ascending job id, then the rate rows in ascending key
     order by code point), decides each key's jobs as ``core.rate_limits.Window`` would,
     in claim order, and writes the windows and the starts. It decides only what it can
     decide exactly as ``Window.decide`` does, and only when every job is admitted: a key
-    whose window would send a job back to wait, or that it cannot read as ``Window``
-    reads it, makes it write nothing and answer None, its locks released at its end, for
-    the caller to start the jobs by the transaction. :func:`start_rated_statement` says
-    which cases it takes, and why its answer is then the window's own.
+    whose window would send a job back to wait, that it cannot read as ``Window`` reads
+    it, or that has no row, makes it write nothing and answer None, its locks released
+    at its end, for the caller to create the missing rows and try again, or to start the
+    jobs by the transaction. :func:`start_rated_statement` says which cases it takes,
+    and why its answer is then the window's own.
     """
     clock = now.timestamp()
     params: dict[str, Any] = {
         "process": process_id,
-        "ids": list(job_ids),
+        # As text: psycopg's dumper of a list of ints cost more than the rest of the
+        # parameters together.
+        "ids": "{" + ",".join(str(int(pk)) for pk in job_ids) + "}",
         "clock": clock,
         "clock_json": json.dumps(clock),
         "now": now,
@@ -243,13 +247,15 @@ def start_rated(
     with bound_cursor(connections[db]) as cursor:
         cursor.execute(start_rated_statement(db), params)
         rows = cursor.fetchall()
-    if not rows or not rows[0][0]:
-        return None
-    return {
+    ok, missing = rows[0][:2]
+    if not ok:
+        return None, list(missing or ())
+    started = {
         pk: Started(attempts, json_list(worker_ids), started_at, last_attempted_at)
-        for _, pk, attempts, worker_ids, started_at, last_attempted_at in rows
+        for _, _, pk, attempts, worker_ids, started_at, last_attempted_at in rows
         if pk is not None
     }
+    return started, []
 
 
 @functools.cache
@@ -291,7 +297,8 @@ def start_rated_statement(db: str) -> str:
     rounded half to even (``round`` of a float8).
 
     ``v`` is false if any key's jobs are not all admitted: then neither UPDATE writes a
-    row, and the one row returned says so in its first column.
+    row, and the one row returned says so in its first column, and names the keys that
+    have no row in its second.
     """
     quote = connections[db].ops.quote_name
     job, claimed = quote(Job._meta.db_table), quote(ClaimedExecution._meta.db_table)
@@ -356,7 +363,8 @@ def start_rated_statement(db: str) -> str:
         f"* interval '1 microsecond' END AS at FROM j LEFT JOIN d ON d.k = j.k) AS z "
         f"WHERE q.id = z.id AND (SELECT ok FROM v) "
         f"RETURNING q.id, q.attempts, q.worker_ids, q.started_at, q.last_attempted_at) "
-        f"SELECT (SELECT ok FROM v), s.* FROM (SELECT) AS o LEFT JOIN s ON true"
+        f"SELECT (SELECT ok FROM v), (SELECT array_agg(k) FROM c WHERE id IS NULL), s.* "
+        f"FROM (SELECT) AS o LEFT JOIN s ON true"
     )
 
 
