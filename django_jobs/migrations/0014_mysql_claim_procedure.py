@@ -18,7 +18,10 @@ Elsewhere this migration does nothing.
 Ids travel between the statements as a JSON array (JSON_TABLE, MariaDB 10.6+ / MySQL 8),
 and every join to a table by id forces its primary key: on a small table (the tail of a
 drained ready table) the optimizer would otherwise scan it, and a DELETE that scans
-waits for the rows other workers hold (``db/mysql.py``, ``delete_statement``). The jobs
+waits for the rows other workers hold (``db/mysql.py``, ``delete_statement``). For the
+same reason the pick of every queue reads the ready rows by their claim-order index:
+the statements' pick, on a table of a few rows, reads them all through another index
+and sorts them, which locks every ready row until its commit. The jobs
 are updated one statement each: MariaDB 10.11 runs no handler for a CHECK constraint's
 error in a multi-table UPDATE, so such an error left the procedure's transaction open,
 its earlier writes in it (``db/mysql.py`` rolls back after any error of a CALL too).
@@ -36,6 +39,8 @@ SAVEPOINT = "django_jobs_claim"
 # The server's refusals for want of a privilege (access denied to the database, command
 # denied, privilege needed, SUPER needed with binary logging): the migration goes on.
 NOT_ALLOWED = (1044, 1142, 1227, 1419)
+# ReadyExecution's index in claim order (priority descending, then job id).
+CLAIM_ORDER_INDEX = "jobs_ready_order"
 # limits.MAX_SECONDS as it stands at this migration: the longest lease a row can ask for.
 MAX_SECONDS = 100 * 366 * 86400
 
@@ -85,7 +90,8 @@ def procedure_sql(apps, schema_editor) -> str:
         "(p_worker_id IS NOT NULL AND j.rate_key IS NULL "
         "AND NOT (BINARY j.unique_until <=> 'start'))"
     )
-    # The same SELECT as core/ready.plain_pick's, for every queue or for one.
+    # The same SELECT as core/ready.plain_pick's, for every queue or for one; one queue's is
+    # read in claim order by its own index (queue_name, priority descending, job id).
     unpaused = f"NOT (r.queue_name IN (SELECT p.queue_name FROM {pause} p))"
     order = "ORDER BY r.priority DESC, r.job_id ASC LIMIT want FOR UPDATE SKIP LOCKED"
     return f"""
@@ -121,8 +127,13 @@ BEGIN
       DECLARE found_queue {queue};
       DECLARE wanted {queue}
         DEFAULT JSON_UNQUOTE(JSON_EXTRACT(p_queues, CONCAT('$[', next_queue, ']')));
+      -- Read in claim order by its index: left to choose, on a table of a few rows (the
+      -- tail of a drain, a queue that keeps up) the optimizer read them all through
+      -- another index and sorted them, locking every one until the commit, so that a
+      -- second claimer meanwhile found none free.
       DECLARE every_queue CURSOR FOR
-        SELECT r.job_id, r.queue_name FROM {ready} r WHERE {unpaused} {order};
+        SELECT r.job_id, r.queue_name FROM {ready} r FORCE INDEX ({CLAIM_ORDER_INDEX})
+        WHERE {unpaused} {order};
       DECLARE one_queue CURSOR FOR
         SELECT r.job_id, r.queue_name FROM {ready} r
         WHERE (r.queue_name = wanted AND {unpaused}) {order};
