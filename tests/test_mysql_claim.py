@@ -1,7 +1,8 @@
 """MySQL/MariaDB: a worker's claim is one ``CALL`` of migration 0014's procedure, which leaves
 the same rows as the statements' path (jobs, claims, ready rows), all or nothing, in autocommit
 and inside the caller's transaction; two claimers never take the same job, and neither waits
-for the rows the other holds; without the procedure the statements' path takes over."""
+for the rows the other holds; without the procedure the statements' path takes over. The
+completer's finish of plain jobs is one ``CALL`` of migration 0015's, held to the same."""
 
 from __future__ import annotations
 
