@@ -10,7 +10,7 @@ from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections, models
+from django.db import DatabaseError, Error, connections, models
 from django.db.models import QuerySet
 
 from django_jobs.db import base
@@ -233,7 +233,7 @@ def roll_back_call(connection: Any, own_transaction: bool, savepoint: str) -> No
     try:
         with connection.cursor() as cursor:
             cursor.execute(sql)
-    except DatabaseError:
+    except Error:  # InterfaceError too: a connection already closed
         pass
 
 
