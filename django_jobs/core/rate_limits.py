@@ -80,7 +80,13 @@ def usable_rate(rate: Rate) -> Rate:
 
 
 class Window:
-    """One key's starts and plan, read under its row lock and written back after."""
+    """One key's starts and plan, read under its row lock and written back after.
+
+    PostgreSQL decides the starts this class would admit in SQL too
+    (``db/postgresql/rate_limits.start_rated_statement``), leaving it every other case: a
+    change to what :meth:`decide` or :meth:`admit` answer changes that statement in the
+    same commit. tests/test_rate_limits_one_statement.py holds the two to one another.
+    """
 
     def __init__(self, row: RateLimit) -> None:
         self.row = row
