@@ -157,7 +157,15 @@ class Operations:
         self, db: str, process_id: int, picked: list[tuple[Job, str]], now: datetime
     ) -> None:
         """Insert claims: one INSERT of the claimed rows of ``picked`` (each job with the
-        queue it was claimed from), as ``bulk_create`` would write them."""
+        queue it was claimed from), as ``bulk_create`` would write them, ascending by job
+        id. The order is a lock order on InnoDB: a row inserted into the claims' index on
+        ``process_id`` whose key is there delete-marked (a claim of the same job by the same
+        process, gone since: a retry due at once, claimed again) waits for the lock of that
+        entry, which a finish of this process's other claims takes as it reads the index
+        ascending (``lock_held_claims``). Inserted in claim order, a claim held a higher
+        entry while it waited for a lower one the finish held, and the finish waited for
+        the higher one: a deadlock (tests/test_workflow_stress.py met it). Ascending, the
+        two take the entries in one order."""
         from django_jobs.models import ClaimedExecution
 
         connection = connections[db]
@@ -165,7 +173,7 @@ class Operations:
         created = fields.get_field("created_at").get_db_prep_save(now, connection)
         lease_field = fields.get_field("lease_expires_at")
         params: list[Any] = []
-        for job, queue in picked:
+        for job, queue in sorted(picked, key=lambda pair: pair[0].pk):
             lease = lease_field.get_db_prep_save(lease_end(job, now), connection)
             params += [job.pk, process_id, queue, job.concurrency_key, lease, job.batch_id, created]
         values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(picked))

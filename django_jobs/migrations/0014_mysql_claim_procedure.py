@@ -184,8 +184,8 @@ BEGIN
       END LOOP;
       CLOSE by_id;
     END;
-    -- Their claims, in claim order; a keyed claim with a duration holds a lease (db/base.py,
-    -- lease_end, bounded as limits.later bounds it).
+    -- Their claims, ascending by job id (db/base.py, insert_claims, says why); a keyed claim
+    -- with a duration holds a lease (db/base.py, lease_end, bounded as limits.later bounds it).
     INSERT INTO {claimed} (job_id, process_id, queue_name, concurrency_key, lease_expires_at,
         batch_id, created_at)
       SELECT j.id, p_process_id, ids_.queue_, j.concurrency_key,
@@ -195,7 +195,7 @@ BEGIN
           NULL),
         j.batch_id, p_now
       FROM {picked} STRAIGHT_JOIN {job} j FORCE INDEX (PRIMARY) ON j.id = ids_.id_
-      ORDER BY ids_.ord;
+      ORDER BY ids_.id_;
     DELETE r FROM {ascending} STRAIGHT_JOIN {ready} r FORCE INDEX (PRIMARY)
       ON r.job_id = ids_.id_;
   END IF;
