@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
+import math
 import os
 import signal
 import time
@@ -453,12 +454,14 @@ def test_run_jobs_drains_a_concurrency_limited_key_through_pgbouncer(
 
 
 @pytest.mark.workers
+@pytest.mark.parametrize("sender", ["notifier", "enqueue"])
 def test_a_job_enqueued_through_pgbouncer_wakes_an_idle_worker_listening_directly(
-    through_pgbouncer, workers_through_pgbouncer
+    sender, through_pgbouncer, workers_through_pgbouncer, monkeypatch
 ):
     """Polling every 30 s, a worker starts a job within seconds only if notified: the
-    NOTIFY went through PgBouncer (the enqueuing process's notifier), the LISTEN
-    straight to PostgreSQL."""
+    NOTIFY went through PgBouncer (from the enqueuing process's notifier, or from the
+    enqueue's own statement in a quiet process), the LISTEN straight to PostgreSQL."""
+    monkeypatch.setattr(notify, "INLINE_AFTER", math.inf if sender == "notifier" else 0.0)
     bouncer = through_pgbouncer
     proc = workers_through_pgbouncer(
         "--processes", "1", "--threads", "2", env={"JOBS_POLLING_INTERVAL": LONG_POLL}
@@ -480,11 +483,12 @@ def test_a_job_enqueued_through_pgbouncer_wakes_an_idle_worker_listening_directl
     )
     notified = tasks.add.enqueue(2, 2)
     me = f"{notify.APPLICATION_NAME} pid={os.getpid()}"
-    wait_until(
-        lambda: any(c["application_name"] == me for c in bouncer.clients()),
-        5,
-        what="this process's notifier connected through PgBouncer",
-    )
+    if sender == "notifier":
+        wait_until(
+            lambda: any(c["application_name"] == me for c in bouncer.clients()),
+            5,
+            what="this process's notifier connected through PgBouncer",
+        )
     wait_until(
         lambda: {job_row(silent).status, job_row(notified).status} == {JobStatus.SUCCEEDED},
         WAKE,
@@ -493,6 +497,8 @@ def test_a_job_enqueued_through_pgbouncer_wakes_an_idle_worker_listening_directl
     notified = job_row(notified)
     assert (notified.started_at - notified.enqueued_at).total_seconds() < WAKE
     assert_through_pgbouncer(bouncer)
+    if sender == "enqueue":
+        assert notify.notifier_for("default").thread is None  # never needed
     proc.send(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()[-3000:]
 
