@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Protocol, cast
 
 from django.utils import timezone
 
@@ -93,15 +92,6 @@ def start_rated(
         return start_locked(db, ids, process_id, worker_id, now)
 
 
-class StartsRated(Protocol):
-    """A database's one-statement rated start (``Operations.start_rated`` on PostgreSQL):
-    the starts as written, or None if it decided nothing; and the keys without a row."""
-
-    def start_rated(
-        self, db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
-    ) -> tuple[dict[int, Started] | None, list[str]]: ...
-
-
 def start_in_one_statement(
     db: str, jobs: list[Job], process_id: int, worker_id: str, now: datetime
 ) -> dict[int, Started] | None:
@@ -120,11 +110,11 @@ def start_in_one_statement(
     :func:`start_locked`, and trying would cost a round trip for nothing. A newcomer to
     a key whose plan is ahead pays that round trip (docs/rate_limits.md, "What it costs").
     """
-    if not getattr(features(db), "can_start_rated_in_one_statement", False):
+    if not features(db).can_start_rated_in_one_statement:
         return None
     if any(job.rate_reserved_at is not None for job in jobs):
         return None
-    seam = cast(StartsRated, ops(db))
+    seam = ops(db)
     ids = [job.pk for job in jobs]
     decided, missing = seam.start_rated(db, ids, process_id, worker_id, now)
     if missing:

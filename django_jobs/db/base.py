@@ -42,6 +42,9 @@ class Features:
     can_claim_in_one_statement = False
     # One statement locks a process's claims and counts their jobs' attempts.
     can_start_in_one_statement = False
+    # One statement locks a process's claims and their keys' rate rows, decides the rate
+    # limits of the usual start (every job admitted) and writes it (Operations.start_rated).
+    can_start_rated_in_one_statement = False
     # One statement finishes jobs without a batch (with concurrency keys: in one round trip
     # with the release of their slots).
     can_finish_in_one_statement = False
@@ -435,6 +438,14 @@ class Operations:
         self, db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
     ) -> dict[int, Started]:
         """``features.can_start_in_one_statement``: start this process's claimed jobs."""
+        raise NotImplementedError
+
+    def start_rated(
+        self, db: str, job_ids: list[int], process_id: int, worker_id: str, now: datetime
+    ) -> tuple[dict[int, Started] | None, list[str]]:
+        """``features.can_start_rated_in_one_statement``: the starts as written, or None if
+        it decided nothing (``core.starting.start_in_one_statement``); and the keys of the
+        start that have no rate row."""
         raise NotImplementedError
 
     def finish_unbatched(
