@@ -196,6 +196,10 @@ def written(ids: list[int]) -> tuple:
     return jobs, claims, windows
 
 
+# Django 6.1 names it savepoint_create() (savepoint() deprecated); 6.0 has only savepoint().
+new_savepoint = getattr(transaction, "savepoint_create", None) or transaction.savepoint
+
+
 def compare(process_id: int, scenario: dict) -> bool:
     """Start the scenario's jobs by the statement, then (rolled back to before it) by the
     transaction: whatever the statement decides, the transaction decides the same, to the
@@ -204,7 +208,7 @@ def compare(process_id: int, scenario: dict) -> bool:
     with transaction.atomic():
         ids = plant(scenario, process_id)
         before = written(ids)
-        tried = transaction.savepoint_create()
+        tried = new_savepoint()
         one, missing = pg().start_rated(DB, ids, process_id, "this worker", now)
         by_statement = written(ids)
         transaction.savepoint_rollback(tried)
