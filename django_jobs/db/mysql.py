@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -107,14 +107,16 @@ class Operations(base.Operations):
         params = [
             field.get_db_prep_save(getattr(job, field.attname), connection) for field in fields
         ]
-        try:
-            _, rows = call(db, ENQUEUE_PROCEDURE, ENQUEUE_SAVEPOINT, params)
-        except DatabaseError as exc:
-            if not procedure_missing(exc):
-                raise
-            _procedure_fields.pop(procedure_key(db), None)
+        result = call_if_there(
+            db,
+            ENQUEUE_PROCEDURE,
+            ENQUEUE_SAVEPOINT,
+            params,
+            forget=lambda: _procedure_fields.pop(procedure_key(db), None),
+        )
+        if result is None:
             return False
-        job.pk = rows[0][0]
+        job.pk = result[1][0][0]
         job._state.adding = False
         job._state.db = db
         return True
@@ -150,13 +152,10 @@ class Operations(base.Operations):
             worker_id,
             connection.ops.adapt_datetimefield_value(now),
         ]
-        try:
-            names, rows = call(db, CLAIM_PROCEDURE, CLAIM_SAVEPOINT, params)
-        except DatabaseError as exc:
-            if not procedure_missing(exc):
-                raise
-            _procedures.pop((procedure_key(db), CLAIM_PROCEDURE), None)
+        result = call_if_there(db, CLAIM_PROCEDURE, CLAIM_SAVEPOINT, params)
+        if result is None:
             return None
+        names, rows = result
         order = job_column_order(names)
         return [job_from_row(db, connection, tuple(row[i] for i in order)) for row in rows]
 
@@ -183,14 +182,10 @@ class Operations(base.Operations):
             for pk, value in sorted(return_values.items())
         ]
         params = [process_id, json.dumps(outcomes), connection.ops.adapt_datetimefield_value(now)]
-        try:
-            _, rows = call(db, FINISH_PROCEDURE, FINISH_SAVEPOINT, params)
-        except DatabaseError as exc:
-            if not procedure_missing(exc):
-                raise
-            _procedures.pop((procedure_key(db), FINISH_PROCEDURE), None)
+        result = call_if_there(db, FINISH_PROCEDURE, FINISH_SAVEPOINT, params)
+        if result is None:
             return None
-        return {row[0] for row in rows}
+        return {row[0] for row in result[1]}
 
 
 def call(
@@ -223,6 +218,28 @@ def call(
         roll_back_call(connection, own_transaction, savepoint)
         raise
     return names, rows
+
+
+def call_if_there(
+    db: str,
+    procedure: str,
+    savepoint: str,
+    params: list[Any],
+    forget: Callable[[], object] | None = None,
+) -> tuple[tuple[str, ...], list[tuple]] | None:
+    """:func:`call`, or None where the procedure turns out to be gone (the database
+    migrated back): what was read of it is forgotten (``forget``; by default its entry
+    in ``_procedures``), and the caller takes the statements' path."""
+    try:
+        return call(db, procedure, savepoint, params)
+    except DatabaseError as exc:
+        if not procedure_missing(exc):
+            raise
+        if forget is None:
+            _procedures.pop((procedure_key(db), procedure), None)
+        else:
+            forget()
+        return None
 
 
 def roll_back_call(connection: Any, own_transaction: bool, savepoint: str) -> None:
