@@ -4,13 +4,19 @@ caller's transaction; without the procedure the statements' path takes over."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+
 import pytest
 from django.apps import apps
 from django.db import DatabaseError, connection, transaction
 from django.db.migrations.state import ProjectState
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from django_jobs.core.enqueue import prepare_job
+from django_jobs.core.enqueue import new_job, prepare_job
 from django_jobs.db import ops
 from django_jobs.db.mysql import ENQUEUE_PROCEDURE, _procedure_fields
 from django_jobs.models import Job, JobStatus, ReadyExecution
@@ -169,3 +175,87 @@ def test_a_failure_after_the_job_row_takes_the_job_row_back(ready_queue_names_of
             ops(DB).enqueue_ready(DB, job)
         assert not Job.objects.exists()
     assert not ReadyExecution.objects.exists()
+
+
+class Label(str):
+    """A str subclass: its value goes through the field's own preparation, as an enum
+    member's does."""
+
+
+texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53), 2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | texts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=8,
+)
+numbers = st.integers(0, 10_000) | st.floats(0, 1e6, allow_nan=False)
+# Aware datetimes in any fixed offset: MySQL stores them as naive UTC, which Django's
+# preparation does and the driver would not.
+offsets = st.timedeltas(timedelta(hours=-14), timedelta(hours=14)).map(
+    lambda delta: dt_timezone(timedelta(minutes=delta // timedelta(minutes=1)))
+)
+moments = st.datetimes(datetime(1971, 1, 1), datetime(2200, 1, 1), timezones=offsets)
+# The columns a ready job without key or uniqueness may carry, each NULL or not.
+optional_values = st.fixed_dictionaries(
+    {},
+    optional={
+        "timeout": numbers,
+        "backoff": json_values,
+        "trace_context": st.dictionaries(texts, texts, max_size=2),
+        "rate_key": texts | texts.map(Label),
+        "rate_limit": st.integers(1, 10_000),
+        "rate_period": numbers,
+        "progress_message": texts,
+        "progress_done": numbers,
+        "last_attempted_at": moments,
+        "run_after": moments,
+    },
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    values=optional_values,
+    priority=st.integers(-100, 100),
+    queue=texts.filter(bool) | texts.filter(bool).map(Label),
+    args=st.lists(json_values, max_size=3),
+)
+def test_any_values_the_procedure_writes_as_django_does(values, priority, queue, args):
+    """Only the non-NULL values are bound (NULLs are written into the CALL), and a str, int
+    or float of a plain field skips the field's preparation: neither may change a value.
+    The same job through ``Model.save()`` is the reference."""
+    tasks.add.enqueue(0, 0)  # the procedure's parameters are read once per process
+    now = timezone.now()
+    common = dict(
+        task_path="tests.tasks.echo",
+        queue_name=queue[:128],
+        priority=priority,
+        args=args,
+        kwargs={"k": args},
+        status=JobStatus.READY,
+        enqueued_at=now,
+        **values,
+    )
+    called = new_job(**common)
+    assert ops(DB).enqueue_ready(DB, called)
+    saved = new_job(**common)
+    saved.save()
+    assert row_of_any(called.pk) == row_of_any(saved.pk)
+    ready = ReadyExecution.objects.get(job_id=called.pk)
+    assert (ready.queue_name, ready.priority, ready.created_at) == (
+        queue[:128],
+        priority,
+        now.replace(microsecond=now.microsecond),
+    )
+
+
+def row_of_any(pk: int) -> dict:
+    row = Job.objects.filter(pk=pk).values().get()
+    row.pop("id")
+    return row
