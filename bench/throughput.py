@@ -1177,14 +1177,7 @@ def timed_in_pieces(total: int, work: Callable[[int], int]) -> Rate:
     The median piece is the figure: a burst of load from elsewhere on a shared
     machine slows a piece or two, which the median drops and a total keeps.
     """
-    rates, done, elapsed = [], 0, 0.0
-    for size in pieces(total, PIECES):
-        began = time.perf_counter()
-        done += work(size)
-        took = time.perf_counter() - began
-        rates.append(size / took)
-        elapsed += took
-    return Rate(statistics.median(rates), done / elapsed)
+    return timed_in_turns(total, [work])[0]
 
 
 def check_rows(bench: Bench, expected: int) -> None:
