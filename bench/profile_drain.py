@@ -129,8 +129,8 @@ def shares(
     for path in files:
         for line in path.read_text().splitlines():
             stack, _, count = line.rpartition(" ")
-            if not stack:
-                continue
+            if not stack or not count.isdigit():
+                continue  # not a sample: py-spy writes a warning into the file at times
             samples = int(count)
             frames = [f for f in stack.split(";") if FRAME.match(f)]
             total += samples

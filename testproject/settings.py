@@ -126,7 +126,11 @@ LOGGING = {
         "plain": {"format": "%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s"}
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        # Lines written in batches by a thread of their own (docs/running.md, "Logs").
+        "console": {
+            "class": "django_jobs.runtime.logs.BufferedStreamHandler",
+            "formatter": "plain",
+        },
         "null": {"class": "logging.NullHandler"},
     },
     "loggers": {

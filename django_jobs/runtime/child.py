@@ -17,7 +17,7 @@ from django_jobs.conf import JobsSettings
 from django_jobs.models import Process
 from django_jobs.runtime.dispatcher import Dispatcher
 from django_jobs.runtime.lifecycle import Lifecycle
-from django_jobs.runtime.logs import configure_logging
+from django_jobs.runtime.logs import configure_logging, flush_buffered_lines
 from django_jobs.runtime.recycling import ABANDONED_EXIT_CODE, RECYCLE_EXIT_CODE
 from django_jobs.runtime.registration import registered
 from django_jobs.runtime.scheduler import run_scheduler
@@ -57,6 +57,12 @@ def run_role(
     logger.info("%s stopped: %s", kind, process.name)
 
 
+def exit_now() -> None:
+    """A second stop signal: exit without waiting for anything but the log's last lines."""
+    flush_buffered_lines()
+    os._exit(1)
+
+
 def run_child(
     kind: str,
     overrides: dict[str, Any],
@@ -69,7 +75,7 @@ def run_child(
     configure_logging(verbosity)
     conf = JobsSettings.load(**overrides)
     lifecycle = Lifecycle()
-    lifecycle.on_immediate = lambda: os._exit(1)
+    lifecycle.on_immediate = exit_now
     lifecycle.install_signal_handlers()
     parent = os.getppid()
 

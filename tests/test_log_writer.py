@@ -1,0 +1,168 @@
+"""``BufferedStreamHandler``: run_jobs' lines written by a thread of their own, in batches.
+
+What must hold whatever the threads do: every line written once, whole, in the
+order each thread logged it; a stream that fails or stalls costs lines of the
+log, never a thread that logs; a forked child writes its own lines, not its
+parent's; every way out of a process writes what is left.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+
+import pytest
+
+from django_jobs.runtime.logs import BufferedStreamHandler, flush_buffered_lines
+from tests.harness import wait_until
+
+
+class Recorder(io.StringIO):
+    """A stream that counts its writes and flushes, and can refuse or hold a write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.flushes = 0
+        self.refuse = 0
+        self.entered = threading.Event()
+        self.hold = threading.Event()
+        self.hold.set()
+
+    def write(self, text: str) -> int:
+        self.entered.set()
+        self.hold.wait()
+        if self.refuse:
+            self.refuse -= 1
+            raise OSError("the stream refused the write")
+        self.writes += 1
+        return super().write(text)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+@pytest.fixture
+def make_logger():
+    made: list[tuple[logging.Logger, BufferedStreamHandler]] = []
+
+    def make(stream, **options) -> tuple[logging.Logger, BufferedStreamHandler]:
+        logger = logging.getLogger(f"tests.log_writer.{len(made)}.{id(stream)}")
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+        handler = BufferedStreamHandler(stream, **options)
+        handler.setFormatter(logging.Formatter("%(threadName)s %(message)s"))
+        logger.addHandler(handler)
+        made.append((logger, handler))
+        return logger, handler
+
+    yield make
+    for logger, handler in made:
+        logger.removeHandler(handler)
+        handler.close()
+
+
+def lines_of(stream: io.StringIO) -> list[str]:
+    return stream.getvalue().splitlines()
+
+
+def test_lines_of_many_threads_are_each_written_once_whole_and_in_order(make_logger):
+    stream = Recorder()
+    logger, _handler = make_logger(stream, interval=0.01)
+    threads, per_thread = 8, 2_000
+    start = threading.Barrier(threads)
+
+    def log_lines(number: int) -> None:
+        start.wait()
+        for index in range(per_thread):
+            logger.info("line %d of %d", index, number)
+
+    workers = [threading.Thread(target=log_lines, args=(n,), name=f"t{n}") for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    # Written by the writer thread, no flush asked for.
+    wait_until(lambda: len(lines_of(stream)) == threads * per_thread, 10, what="every line")
+    seen: dict[str, list[int]] = {f"t{n}": [] for n in range(threads)}
+    for line in lines_of(stream):
+        name, _, index, _, number = line.split(" ")
+        assert name == f"t{number}", line
+        seen[name].append(int(index))
+    assert all(indexes == list(range(per_thread)) for indexes in seen.values())
+    # In batches: far fewer writes than lines.
+    assert stream.writes < threads * per_thread / 10
+
+
+def test_a_line_waits_for_the_writer_or_a_flush_and_close_writes_what_is_left(make_logger):
+    stream = Recorder()
+    logger, handler = make_logger(stream, interval=3600)
+    logger.info("first")
+    wait_until(lambda: handler.writer is not None, 5, what="the writer thread")
+    assert lines_of(stream) == []  # the writer waits out its interval
+    handler.flush()
+    assert lines_of(stream) == ["MainThread first"]
+    logger.info("second")
+    handler.close()
+    assert lines_of(stream) == ["MainThread first", "MainThread second"]
+    logger.info("after close")  # as StreamHandler does: written at once
+    assert lines_of(stream)[-1] == "MainThread after close"
+
+
+def test_past_max_lines_the_thread_that_logs_writes_them_itself(make_logger):
+    stream = Recorder()
+    logger, _handler = make_logger(stream, interval=3600, max_lines=3)
+    for index in range(3):
+        logger.info("held %d", index)
+    assert lines_of(stream) == []
+    logger.info("one too many")
+    assert len(lines_of(stream)) == 4 and stream.writes == 1
+
+
+def test_a_stream_that_refuses_a_write_loses_that_batch_not_the_writer(make_logger, capsys):
+    stream = Recorder()
+    logger, handler = make_logger(stream, interval=0.01)
+    stream.refuse = 1
+    logger.info("lost")
+    wait_until(lambda: stream.refuse == 0, 5, what="the refused write")
+    assert "1 line(s) not written" in capsys.readouterr().err
+    logger.info("kept")
+    wait_until(lambda: lines_of(stream) == ["MainThread kept"], 5, what="the next line")
+    assert handler.writer is not None and handler.writer.is_alive()
+
+
+def test_a_stalled_stream_never_stalls_the_threads_that_log(make_logger):
+    stream = Recorder()
+    logger, _handler = make_logger(stream, interval=0.0)
+    stream.hold.clear()
+    logger.info("stuck in the write")
+    assert stream.entered.wait(5)  # the writer is blocked in write(), holding the lock
+    for index in range(100):
+        logger.info("logged meanwhile %d", index)  # returns: nothing waits for the writer
+    stream.hold.set()
+    wait_until(lambda: len(lines_of(stream)) == 101, 5, what="the held lines")
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_writes_its_own_lines_not_its_parents(make_logger, tmp_path):
+    path = tmp_path / "log"
+    with open(path, "w", buffering=1) as stream:
+        logger, handler = make_logger(stream, interval=3600)
+        logger.info("parent before the fork")  # held: the interval is an hour
+        pid = os.fork()
+        if pid == 0:  # the child: exits as run_jobs' children exit at a second signal
+            try:
+                logger.info("child")
+                flush_buffered_lines()
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert path.read_text().splitlines() == ["MainThread child"]
+        handler.flush()
+    assert path.read_text().splitlines() == [
+        "MainThread child",
+        "MainThread parent before the fork",
+    ]
