@@ -6,6 +6,7 @@ enqueues and real runs through the executor, in this process, on the database un
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -210,3 +211,44 @@ def test_importing_the_backend_and_worker_imports_no_opentelemetry():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+API_ONLY = """
+import json, django
+django.setup()
+from opentelemetry import baggage, context, trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from django_jobs.models import Job
+from django_jobs.observability import tracing
+
+assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # no SDK
+
+def carried():
+    job = Job(task_path="tests.tasks.add", queue_name="default", backend="default")
+    tracing.record_enqueue(job)
+    return job.trace_context
+
+outside = carried()
+parent = SpanContext(
+    trace_id=0x1234, span_id=0x5678, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)
+)
+with trace.use_span(NonRecordingSpan(parent)):
+    propagated = carried()
+token = context.attach(baggage.set_baggage("tenant", "t1"))
+with_baggage = carried()
+context.detach(token)
+print(json.dumps([outside, propagated, with_baggage]))
+"""
+
+
+def test_with_the_api_alone_a_propagated_trace_or_baggage_is_carried_and_nothing_else():
+    """No SDK (a subprocess: this one has a provider set): outside any trace nothing is
+    stored, but a trace that reached the request through its headers, or baggage, is."""
+    done = subprocess.run(
+        [sys.executable, "-c", API_ONLY], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    outside, propagated, with_baggage = json.loads(done.stdout)
+    assert outside is None
+    assert propagated == {"traceparent": f"00-{0x1234:032x}-{0x5678:016x}-01"}
+    assert with_baggage == {"baggage": "tenant=t1"}

@@ -83,6 +83,8 @@ def record_enqueue(job: Job) -> None:
     if not api:
         return
     trace, propagate, _ = api
+    if nothing_to_carry(trace):
+        return
     span = trace.get_tracer(TRACER_NAME).start_span(
         f"enqueue {job.task_path}",
         kind=trace.SpanKind.PRODUCER,
@@ -99,6 +101,25 @@ def record_enqueue(job: Job) -> None:
         span.end()
     # Empty when there is no valid span (API without SDK, outside any trace): store NULL.
     job.trace_context = carrier or None
+
+
+def nothing_to_carry(trace: Any) -> bool:
+    """No SDK has set a tracer provider, and the context holds neither a valid span nor
+    baggage: the span would be a no-op and the carrier would stay empty.
+
+    The common case of a project that has ``opentelemetry-api`` (often pulled in by
+    another library) and no SDK: making and propagating the no-op span was about 20 µs
+    of an enqueue's 560 (PostgreSQL, ``noop.enqueue()`` in turns with and without).
+    A trace propagated into the request (its context extracted from the request's
+    headers, which works without an SDK) or baggage is still carried.
+    """
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return False
+    if trace.get_current_span().get_span_context().is_valid:
+        return False
+    from opentelemetry import baggage
+
+    return not baggage.get_all()
 
 
 def traced_execution(
