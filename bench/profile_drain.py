@@ -41,10 +41,17 @@ from django.core.management.color import no_style  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.tasks import task_backends  # noqa: E402
 
-from bench.tasks import noop  # noqa: E402
+from bench.tasks import noop, noop_keyed, noop_rated  # noqa: E402
 from django_jobs.models import Job, JobStatus, Process  # noqa: E402
 
 START_TIMEOUT = 60.0
+KEYS = 1_000
+# The calls each kind of drain enqueues, for a number of jobs.
+KINDS = {
+    "plain": lambda jobs: [(noop, (), {})] * jobs,
+    "keyed": lambda jobs: [(noop_keyed, (), {"key": n % KEYS}) for n in range(jobs)],
+    "rated": lambda jobs: [(noop_rated, (), {"key": n % KEYS}) for n in range(jobs)],
+}
 # A frame as py-spy's raw format writes it: "function (path:line)".
 FRAME = re.compile(r"^(?P<function>.*) \((?P<path>[^:]*):(?P<line>\d+)\)$")
 
@@ -56,6 +63,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=8, help="threads per worker (8)")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second (200)")
     parser.add_argument("--top", type=int, default=30, help="functions printed per list (30)")
+    parser.add_argument(
+        "--kind",
+        choices=sorted(KINDS),
+        default="plain",
+        help="plain no-op jobs, or each under one of 1,000 keys: a concurrency limit of 1 "
+        "(keyed) or a rate limit that never binds (rated); as bench/throughput.py's phases",
+    )
     return parser.parse_args()
 
 
@@ -96,7 +110,7 @@ def drain_sampled(options: argparse.Namespace, spy: str, out: Path) -> tuple[flo
         registered = lambda: Process.objects.filter(kind=kind).count() >= options.processes  # noqa: E731
         wait_for("run_jobs' workers to register", registered, START_TIMEOUT)
         pids = list(Process.objects.filter(kind=kind).values_list("pid", flat=True))
-        task_backends["default"].bulk_enqueue([(noop, (), {})] * options.jobs)
+        task_backends["default"].bulk_enqueue(KINDS[options.kind](options.jobs))
         began = time.perf_counter()
         files = [out / f"worker-{pid}.txt" for pid in pids]
         for pid, path in zip(pids, files, strict=True):
@@ -162,7 +176,8 @@ def main() -> int:
         total, inclusive, own, modules = shares([f for f in files if f.exists()])
     empty_job_tables()
     print(
-        f"{options.jobs:,} no-op jobs drained in {seconds:.2f} s by {options.processes} x "
+        f"{options.jobs:,} no-op jobs ({options.kind}) drained in {seconds:.2f} s by "
+        f"{options.processes} x "
         f"{options.threads} threads; {total:,} samples of the GIL holder at {options.rate}/s"
     )
     if not total:

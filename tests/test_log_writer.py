@@ -166,3 +166,17 @@ def test_a_forked_child_writes_its_own_lines_not_its_parents(make_logger, tmp_pa
         "MainThread child",
         "MainThread parent before the fork",
     ]
+
+
+def test_a_failing_report_of_a_failed_write_does_not_end_the_writer(make_logger, monkeypatch):
+    stream = Recorder()
+    logger, handler = make_logger(stream, interval=0.01)
+    broken = Recorder()
+    broken.refuse = 10**6  # stderr refuses every write too
+    monkeypatch.setattr("sys.stderr", broken)
+    stream.refuse = 1
+    logger.info("lost")
+    wait_until(lambda: stream.refuse == 0, 5, what="the refused write")
+    logger.info("kept")
+    wait_until(lambda: lines_of(stream) == ["MainThread kept"], 5, what="the next line")
+    assert handler.writer is not None and handler.writer.is_alive()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import sys
@@ -165,8 +166,11 @@ class BufferedStreamHandler(logging.StreamHandler):
             except Exception:
                 # As StreamHandler reports a failed write (a closed or broken stream),
                 # once for the batch, without the records it no longer has.
+                # The report must not end the writer thread either (stderr may be the
+                # stream that failed).
                 if logging.raiseExceptions and sys.stderr:
-                    sys.stderr.write(f"--- Logging error: {len(batch)} line(s) not written\n")
+                    with contextlib.suppress(Exception):
+                        sys.stderr.write(f"--- Logging error: {len(batch)} line(s) not written\n")
 
     def close(self) -> None:
         self.closed = True
