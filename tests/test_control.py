@@ -152,7 +152,7 @@ def test_a_snoozed_job_runs_again_later_without_using_up_its_attempt(run_jobs):
     starts = list(AuditEvent.objects.filter(job_id=job.pk).order_by("started"))
     assert len(starts) == 2 and starts[1].started - starts[0].started >= 0.3
     assert error_paths(result) == []
-    assert "job snoozed" in proc.output()
+    proc.wait_for_output("job snoozed")
     proc.send(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
 
@@ -290,6 +290,8 @@ def test_a_running_job_is_cancelled_and_not_retried(run_jobs, task, interrupted)
     assert cancel(result.id) == "requested"
     wait_until(lambda: job_row(result).status == JobStatus.FAILED, 20, what="cancelled")
     assert (job_row(result).attempts, error_paths(result)) == (1, [CANCELLED])
+    # Its failure's line comes after the interrupt's, in the same process.
+    proc.wait_for_output(f"job={result.id} attempt=1 duration=")
     said = f"job {result.id} cancelled: interrupting its thread" in proc.output()
     assert said == interrupted, proc.output()
     proc.send(signal.SIGTERM)
@@ -354,7 +356,7 @@ def test_a_job_stuck_in_c_keeps_its_slot_until_its_process_is_gone(run_jobs):
     # Settled by the supervisor's recovery once the process had exited (ProcessDied), not
     # by the worker itself on its way out (that would have been WorkerShutdown).
     assert "could not be interrupted" in FailedExecution.objects.get(job_id=job.pk).message
-    assert "exited, leaving a job it could not interrupt" in proc.output()
+    proc.wait_for_output("exited, leaving a job it could not interrupt")
     proc.send(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
 
@@ -383,7 +385,7 @@ def test_a_running_async_job_is_cancelled_through_asyncio_at_once(run_jobs):
     assert "it raised CancelledError: django-jobs: job" in error.message, error.message
     event.refresh_from_db()
     assert event.ended is not None, "the task's except CancelledError did not run"
-    assert f"job {result.id} cancelled: cancelling its asyncio task" in proc.output()
+    proc.wait_for_output(f"job {result.id} cancelled: cancelling its asyncio task")
     assert "interrupting its thread" not in proc.output()
     proc.send(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
@@ -430,6 +432,6 @@ def test_an_async_job_that_swallows_its_cancellation_is_left_to_recovery(run_job
     assert message.startswith("cancelled; ") and "could not be interrupted" in message, message
     event.refresh_from_db()
     assert event.ended is not None, "it never saw CancelledError"
-    assert "after its asyncio task was cancelled" in proc.output()
+    proc.wait_for_output("after its asyncio task was cancelled")
     proc.send(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()

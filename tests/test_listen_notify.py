@@ -725,6 +725,7 @@ def test_listen_notify_must_be_a_bool_or_a_postgresql_alias(value, valid):
 def test_an_idle_worker_wakes_at_once_when_a_job_is_enqueued(run_jobs, mode):
     proc = run_jobs(*mode, "--threads", "2", "--polling-interval", LONG_POLL)
     assert_a_notification_wakes_the_idle_worker()
+    proc.wait_for_output("listening for ready jobs (channel django_jobs_ready)")
     assert proc.count("listening for ready jobs (channel django_jobs_ready)") == 1
 
 
@@ -867,4 +868,4 @@ def test_a_cancel_reaches_a_busy_worker_at_once_through_notify(run_jobs):
             1,
             ["django_jobs.exceptions.JobCancelled"],
         )
-    assert "and cancel requests (channel django_jobs_cancel)" in proc.output()
+    proc.wait_for_output("and cancel requests (channel django_jobs_cancel)")

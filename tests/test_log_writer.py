@@ -96,17 +96,18 @@ def test_lines_of_many_threads_are_each_written_once_whole_and_in_order(make_log
     assert stream.writes < threads * per_thread / 10
 
 
-def test_a_line_waits_for_the_writer_or_a_flush_and_close_writes_what_is_left(make_logger):
+def test_a_line_after_a_quiet_spell_is_written_at_once_the_next_ones_wait(make_logger):
     stream = Recorder()
     logger, handler = make_logger(stream, interval=3600)
     logger.info("first")
-    wait_until(lambda: handler.writer is not None, 5, what="the writer thread")
-    assert lines_of(stream) == []  # the writer waits out its interval
-    handler.flush()
-    assert lines_of(stream) == ["MainThread first"]
+    wait_until(lambda: lines_of(stream) == ["MainThread first"], 5, what="the first line")
     logger.info("second")
-    handler.close()
+    assert lines_of(stream) == ["MainThread first"]  # the writer sleeps out its interval
+    handler.flush()
     assert lines_of(stream) == ["MainThread first", "MainThread second"]
+    logger.info("third")
+    handler.close()
+    assert lines_of(stream) == ["MainThread first", "MainThread second", "MainThread third"]
     logger.info("after close")  # as StreamHandler does: written at once
     assert lines_of(stream)[-1] == "MainThread after close"
 
@@ -114,11 +115,13 @@ def test_a_line_waits_for_the_writer_or_a_flush_and_close_writes_what_is_left(ma
 def test_past_max_lines_the_thread_that_logs_writes_them_itself(make_logger):
     stream = Recorder()
     logger, _handler = make_logger(stream, interval=3600, max_lines=3)
+    logger.info("first")  # written at once: the writer then sleeps for an hour
+    wait_until(lambda: stream.writes == 1, 5, what="the first line")
     for index in range(3):
         logger.info("held %d", index)
-    assert lines_of(stream) == []
+    assert stream.writes == 1
     logger.info("one too many")
-    assert len(lines_of(stream)) == 4 and stream.writes == 1
+    assert len(lines_of(stream)) == 5 and stream.writes == 2
 
 
 def test_a_stream_that_refuses_a_write_loses_that_batch_not_the_writer(make_logger, capsys):
@@ -150,7 +153,9 @@ def test_a_forked_child_writes_its_own_lines_not_its_parents(make_logger, tmp_pa
     path = tmp_path / "log"
     with open(path, "w", buffering=1) as stream:
         logger, handler = make_logger(stream, interval=3600)
-        logger.info("parent before the fork")  # held: the interval is an hour
+        logger.info("parent first")  # written at once: the writer then sleeps for an hour
+        wait_until(lambda: path.read_text() == "MainThread parent first\n", 5, what="it")
+        logger.info("parent before the fork")  # held
         pid = os.fork()
         if pid == 0:  # the child: exits as run_jobs' children exit at a second signal
             try:
@@ -160,9 +165,10 @@ def test_a_forked_child_writes_its_own_lines_not_its_parents(make_logger, tmp_pa
                 os._exit(0)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert path.read_text().splitlines() == ["MainThread child"]
+        assert path.read_text().splitlines() == ["MainThread parent first", "MainThread child"]
         handler.flush()
     assert path.read_text().splitlines() == [
+        "MainThread parent first",
         "MainThread child",
         "MainThread parent before the fork",
     ]

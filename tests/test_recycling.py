@@ -72,7 +72,7 @@ def test_max_memory_per_child_replaces_the_worker_once_it_has_run_a_job(run_jobs
     proc = run_jobs("--processes", "1", "--threads", "1", "--max-memory-per-child", "1")
     wait_until(lambda: all_succeeded(results), 60, what="every job succeeded")
     assert sorted(workers_of(results).values()) == [1, 1, 1]
-    assert "max_memory_per_child=1" in proc.output()
+    proc.wait_for_output("max_memory_per_child=1")
     assert sorted(runs_of(log)) == ["m0", "m1", "m2"]
     proc.send(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()

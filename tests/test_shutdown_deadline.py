@@ -159,7 +159,7 @@ def test_a_body_in_python_past_the_deadline_is_interrupted_and_recorded(run_jobs
         assert f"in {body}" in failure.traceback, failure.traceback
         assert run.ended is not None, proc.output()
         assert run.ended <= failure.failed_at.timestamp()
-    assert "interrupting them" in proc.output()
+    proc.wait_for_output("interrupting them")
     assert "exiting without settling it" not in proc.output()
     assert ClaimedExecution.objects.count() == 0
     assert Process.objects.count() == 0
@@ -205,7 +205,7 @@ def test_an_async_body_past_the_deadline_has_its_asyncio_task_cancelled(run_jobs
     assert job.return_value == "finished after its CancelledError"
     assert error_paths(finishing) == []
 
-    assert "interrupting them" in proc.output()
+    proc.wait_for_output("interrupting them")
     assert "exiting without settling it" not in proc.output()
     assert ClaimedExecution.objects.count() == 0
     assert Process.objects.count() == 0

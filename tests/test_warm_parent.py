@@ -83,7 +83,7 @@ def test_children_are_forks_of_the_warm_parent_and_a_killed_one_is_replaced(run_
     for row in replacement:
         assert ppid(row.pid) == warm  # forked from the same warm parent
         assert smaps_kb(row.pid, "Shared_Dirty") > 10 * 1024
-    assert f"worker process {worker.pid} exited unexpectedly (code -9)" in proc.output()
+    proc.wait_for_output(f"worker process {worker.pid} exited unexpectedly (code -9)")
     assert pid_alive(proc.pid) and Process.objects.get(kind="supervisor").pk == supervisor.pk
     assert runs(tasks.add.enqueue(4, 4)).return_value == 8
 
@@ -108,7 +108,7 @@ def test_without_its_warm_parent_the_supervisor_starts_fresh_children(run_jobs):
         40,
         what="fresh children",
     )
-    assert "the warm parent is gone" in proc.output()
+    proc.wait_for_output("the warm parent is gone")
     for pid in Process.objects.exclude(kind="supervisor").values_list("pid", flat=True):
         assert ppid(pid) == proc.pid
     assert runs(tasks.add.enqueue(1, 1)).return_value == 2

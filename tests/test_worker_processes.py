@@ -181,7 +181,7 @@ def test_sigkill_of_a_worker_child_is_recovered_and_replaced(run_jobs, tmp_path)
     assert job.attempts == 2 and len(job.worker_ids) == 2
     assert errors_of(result) == ["django_jobs.exceptions.ProcessDied"]
     assert not Process.objects.filter(pid=victim.pid).exists()
-    assert f"worker process {victim.pid} exited unexpectedly" in proc.output()
+    proc.wait_for_output(f"worker process {victim.pid} exited unexpectedly")
     proc.send(signal.SIGTERM)
     assert proc.wait(20) == 0
 

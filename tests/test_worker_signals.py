@@ -197,7 +197,7 @@ def test_sigkill_of_a_worker_child_is_recovered_and_the_worker_replaced(run_jobs
     assert sorted(runs_of(log)) == ["failed", "retried", "retried"]
     assert not Process.objects.filter(pk=victim.pk).exists()
     assert Process.objects.get(kind="supervisor").pk == supervisor.pk  # the same supervisor
-    assert f"worker process {victim.pid} exited unexpectedly" in proc.output()
+    proc.wait_for_output(f"worker process {victim.pid} exited unexpectedly")
 
     proc.send(signal.SIGTERM)
     assert proc.wait(15) == 0, proc.output()

@@ -75,15 +75,15 @@ class BufferedStreamHandler(logging.StreamHandler):
     run (0.36 ms of worker CPU per job against 0.25 with the same records sent
     to a ``NullHandler``; bench/throughput.py's drain, 2 x 8 threads). Here a
     record is formatted by the thread that logs it, which goes on at once; the
-    writer thread writes what has piled up every ``interval`` seconds, in one
-    write and one flush.
+    writer thread writes it, then sleeps ``interval`` seconds and writes what has
+    piled up meanwhile in one write and one flush, and so on while lines come.
 
     The trade: a line reaches the stream up to ``interval`` seconds after it was
-    logged, and a process killed with SIGKILL loses the lines of its last
-    ``interval``. A clean exit, ``logging.shutdown()`` and ``flush()`` write them
-    all. Past ``max_lines`` unwritten lines (a stream that does not keep up), the
-    thread that logs writes them itself, as ``StreamHandler`` would: memory stays
-    bounded and a slow stream slows its writers again.
+    logged (at once after a quiet spell), and a process killed with SIGKILL loses
+    the lines of its last ``interval``. A clean exit, ``logging.shutdown()`` and
+    ``flush()`` write them all. Past ``max_lines`` unwritten lines (a stream that
+    does not keep up), the thread that logs writes them itself, as ``StreamHandler``
+    would: memory stays bounded and a slow stream slows its writers again.
     """
 
     def __init__(
@@ -147,10 +147,11 @@ class BufferedStreamHandler(logging.StreamHandler):
     def write_batches(self) -> None:
         while not self.closed:
             self.wanted.wait()
-            # Waited for the lines of the next ``interval`` to join this one's.
-            time.sleep(self.interval)
-            self.wanted.clear()
+            self.wanted.clear()  # before the lines are taken: a line after them sets it again
             self.flush()
+            # The lines of the next ``interval`` wait to be written together; a line after
+            # a quiet spell (a worker starting, a cancel) is written at once.
+            time.sleep(self.interval)
 
     def flush(self) -> None:
         """Write every line logged so far, then flush the stream."""
