@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from django_jobs import bulk_enqueue, cancel, enqueue_batch, get_workflow, progress, workflow
 from django_jobs.models import FINISHED_STATUSES, Batch, FailedExecution, Job, JobStatus
+from django_jobs.runtime.logs import flush_buffered_lines
 from testproject.demo import tasks
 
 DEFER_SECONDS = 3
@@ -224,13 +225,16 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
 
     def say(self, text: str = "", style: Any = None, indent: str = "") -> None:
-        """Write and flush, so these lines and the log's stay in order even in a pipe."""
+        """Write and flush, so these lines and the log's stay in order even in a pipe (the
+        log's lines logged so far first: its handler writes them from a thread of its own)."""
+        flush_buffered_lines()
         if text:
             text = wrap(text, indent, indent + "  ")
         self.stdout.write(style(text) if style else text)
         self.stdout.flush()
 
     def item(self, label: str, text: str) -> None:
+        flush_buffered_lines()
         self.stdout.write(
             textwrap.fill(text, WIDTH, initial_indent=f"  {label:<9} ", subsequent_indent=" " * 12)
         )
