@@ -42,13 +42,12 @@ import django  # noqa: E402
 
 django.setup()
 
-from django.apps import apps  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.core.management.color import no_style  # noqa: E402
 from django.db import connection, models  # noqa: E402
 from django.tasks import task_backends  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from bench.tables import empty, refuse_unless_named, tables_of  # noqa: E402
 from bench.tasks import noop  # noqa: E402
 from django_jobs.core.enqueue import prepare_job  # noqa: E402
 from django_jobs.db.postgresql.cursors import ServerBindingCursor  # noqa: E402
@@ -80,23 +79,15 @@ def parse_args() -> argparse.Namespace:
 
 
 def check_database() -> None:
-    name = str(connection.settings_dict["NAME"])
     if connection.vendor != "postgresql":
         sys.exit(
             f"PostgreSQL only (our insert and Procrastinate's schema), not {connection.vendor}"
         )
-    if "bench" not in name:
-        sys.exit(f"the database's name must contain 'bench' (its tables are emptied): {name!r}")
+    refuse_unless_named()
 
 
 def empty_tables() -> None:
-    tables = [
-        model._meta.db_table
-        for label in ("django_jobs", "procrastinate")
-        for model in apps.get_app_config(label).get_models()
-    ]
-    statements = connection.ops.sql_flush(no_style(), tables, reset_sequences=True)
-    connection.ops.execute_sql_flush(statements)
+    empty(tables_of("django_jobs", "procrastinate"))
 
 
 def every_check_nothing_else() -> Callable[[], Any]:

@@ -35,12 +35,10 @@ import django  # noqa: E402
 
 django.setup()
 
-from django.apps import apps  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.core.management.color import no_style  # noqa: E402
-from django.db import connection  # noqa: E402
 from django.tasks import task_backends  # noqa: E402
 
+from bench.tables import empty, refuse_unless_named, tables_of  # noqa: E402
 from bench.tasks import noop, noop_keyed, noop_rated  # noqa: E402
 from django_jobs.models import Job, JobStatus, Process  # noqa: E402
 
@@ -81,12 +79,8 @@ def py_spy() -> str:
 
 
 def empty_job_tables() -> None:
-    name = str(connection.settings_dict["NAME"])
-    if "bench" not in name:
-        sys.exit(f"the database's name must contain 'bench' (its tables are emptied): {name!r}")
-    tables = [model._meta.db_table for model in apps.get_app_config("django_jobs").get_models()]
-    statements = connection.ops.sql_flush(no_style(), tables, reset_sequences=True)
-    connection.ops.execute_sql_flush(statements)
+    refuse_unless_named()
+    empty(tables_of("django_jobs"))
 
 
 def wait_for(what: str, ready, timeout: float) -> None:

@@ -203,7 +203,6 @@ django.setup()
 from django.apps import apps  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.core.management.color import no_style  # noqa: E402
 from django.db import connection, models, transaction  # noqa: E402
 from django.db.models import Max, Min  # noqa: E402
 from django.tasks import TaskResultStatus, task_backends  # noqa: E402
@@ -211,6 +210,7 @@ from django.utils import timezone  # noqa: E402
 from django_tasks_db.models import DBTaskResult, get_date_max  # noqa: E402
 from django_tasks_db.utils import exclusive_transaction  # noqa: E402
 
+from bench.tables import empty, tables_of  # noqa: E402
 from bench.tasks import noop, noop_keyed, noop_rated, peer_noop  # noqa: E402
 from django_jobs import bulk_enqueue, workflow  # noqa: E402
 from django_jobs.backend import JobsBackend  # noqa: E402
@@ -254,15 +254,8 @@ def create_database() -> None:
 
 
 def app_tables(labels: tuple[str, ...] | None = None) -> list[str]:
-    """Every table of these apps (proxies have none of their own); ours and the peer's by
-    default."""
-    labels = labels or ("django_jobs", DBTaskResult._meta.app_label)
-    return [
-        model._meta.db_table
-        for label in labels
-        for model in apps.get_app_config(label).get_models()
-        if not model._meta.proxy
-    ]
+    """Every table of these apps; ours and the peer's by default."""
+    return tables_of(*(labels or ("django_jobs", DBTaskResult._meta.app_label)))
 
 
 def reset_tables() -> None:
@@ -270,10 +263,7 @@ def reset_tables() -> None:
     tables = app_tables()
     if apps.is_installed(PROCRASTINATE_APP):
         tables += app_tables(("procrastinate",))  # its models are unmanaged, its tables real
-    statements = connection.ops.sql_flush(
-        no_style(), tables, reset_sequences=True, allow_cascade=True
-    )
-    connection.ops.execute_sql_flush(statements)
+    empty(tables)
 
 
 def analyze() -> None:
@@ -1471,9 +1461,8 @@ class Run:
     limit_batch: int
     procrastinate_task: str
     report: Report = field(default_factory=Report)
-    plain_drain: Drain | None = (
-        None  # ours' latest unlimited drain: the next limited one's reference
-    )
+    # Ours' latest unlimited drain: the next limited one's reference.
+    plain_drain: Drain | None = None
 
 
 def phase_enqueue(run: Run) -> None:
