@@ -79,7 +79,6 @@ def py_spy() -> str:
 
 
 def empty_job_tables() -> None:
-    refuse_unless_named()
     empty(tables_of("django_jobs"))
 
 
@@ -163,6 +162,7 @@ def module_of(frame: str) -> str:
 def main() -> int:
     options = parse_args()
     spy = py_spy()
+    refuse_unless_named()  # before the migration: a database not named so is left alone
     call_command("migrate", verbosity=0)
     empty_job_tables()
     with tempfile.TemporaryDirectory(prefix="profile-drain-") as folder:
