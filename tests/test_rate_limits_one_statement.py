@@ -5,10 +5,11 @@ written nothing; and its locks keep a window's last start to one of two starters
 from __future__ import annotations
 
 import math
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from hypothesis import event, given, settings
@@ -405,12 +406,70 @@ def test_unprotected_the_statement_reading_the_rate_row_unlocked_starts_both(mon
     window as its snapshot has it (empty), waits only to write, then overwrites the
     first's start: two starts in one minute of a 1/m key."""
     statement = pg().start_rated_statement(DB)
-    unlocked = statement.replace('ORDER BY key COLLATE "C" FOR UPDATE', 'ORDER BY key COLLATE "C"')
+    unlocked = statement.replace("WHERE key = o.k FOR UPDATE)", "WHERE key = o.k)")
     assert unlocked != statement
     monkeypatch.setattr(pg(), "start_rated_statement", lambda db: unlocked)
     assert race_through_one_statement(monkeypatch) == 2
     assert Job.objects.filter(status=JobStatus.RUNNING).count() == 2
     assert len(RateLimit.objects.get().starts) == 1  # the first's start, overwritten
+
+
+def first_key_locked_while_the_last_waits(monkeypatch) -> bool:
+    """One start of two jobs of two keys while another transaction holds the later key's
+    rate row: whether the earlier key's row is locked while the statement waits."""
+    worker = register_process(DB, "worker")
+    rate_tasks.call_api.enqueue("a")
+    rate_tasks.call_api.enqueue("b")
+    claimed = claim_jobs(DB, worker.pk, ALL, 10)
+    first, last = sorted(job.rate_key for job in claimed)
+    ensure_rate_rows(DB, [first, last])
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_last_key() -> None:
+        with transaction.atomic():
+            RateLimit.objects.select_for_update().get(key=last)
+            held.set()
+            assert release.wait(20)
+
+    holder = Runner(hold_the_last_key)
+    holder.start()
+    assert held.wait(10)
+    starter = Runner(lambda: start_jobs(DB, claimed, worker.pk, worker.name))
+    starter.start()
+    wait_for(starter.blocked_or_done, "the start")
+    try:
+        with transaction.atomic():
+            list(RateLimit.objects.select_for_update(nowait=True).filter(key=first))
+        locked = False
+    except OperationalError:
+        locked = True
+    release.set()
+    holder.finish()
+    assert len(starter.finish()) == 2
+    return locked
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_statement_locks_the_rate_rows_in_ascending_key_order(monkeypatch):
+    """docs/design.md section 4: rate rows in ascending key order, so two starts sharing
+    two keys cannot each hold one and wait for the other. Waiting for the later key, the
+    statement already holds the earlier."""
+    assert first_key_locked_while_the_last_waits(monkeypatch)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unprotected_the_statement_locking_in_descending_order_waits_holding_nothing(
+    monkeypatch,
+):
+    """The twin: keys taken in descending order, the statement waits for the later key
+    first, and the earlier is free: the order the other test sees is the statement's."""
+    statement = pg().start_rated_statement(DB)
+    descending = statement.replace(
+        'ORDER BY k COLLATE "C") AS o', 'ORDER BY k COLLATE "C" DESC) AS o'
+    )
+    assert descending != statement
+    monkeypatch.setattr(pg(), "start_rated_statement", lambda db: descending)
+    assert not first_key_locked_while_the_last_waits(monkeypatch)
 
 
 def test_the_statement_is_short_enough_for_psycopgs_cache():

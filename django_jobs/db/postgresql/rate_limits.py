@@ -264,12 +264,20 @@ def start_rated_statement(db: str) -> str:
     so that psycopg keeps its conversion of the placeholders (longer statements are
     converted again at every execution: a tenth of a rated start's CPU).
 
-    Locks: ``h`` locks the claims (ascending job id); ``j`` reads their jobs by an array
-    of them all (an init plan, computed in full before the first job is read), so every
-    claim is locked first; ``w`` groups the jobs by key and ``l`` locks the keys' rate
-    rows (ascending key, collation "C"), its key list an init plan too. A locked row is
-    read as it is once locked (READ COMMITTED reads again a row updated meanwhile),
-    never as the statement's snapshot has it: every window is read from ``l``.
+    Locks: ``h`` locks the claims (ascending job id); ``j`` reads their jobs; ``w`` groups
+    the jobs by key, so it has read every job, and every claim is locked, before it
+    yields its first key; ``l`` sorts the keys (collation "C", a subquery's ``ORDER BY``,
+    which the planner keeps) and locks each key's rate row in that order, one lookup of
+    the key's index per key (a ``LATERAL`` locking read). A locked row is read as it is
+    once locked (READ COMMITTED reads again a row updated meanwhile), never as the
+    statement's snapshot has it: every window is read from ``l``.
+
+    Why ``j`` joins ``h`` and ``l`` is lateral: the statement runs on a cached generic
+    plan, which guesses 10 rows for ``= ANY(ARRAY(subquery))``. Reading the jobs and the
+    rate rows that way, it scanned the whole rate table twice (to lock, then to update),
+    as the cheaper plan for a table of a thousand keys: 0.45 ms of a 0.72 ms statement,
+    measured. ``h`` is guessed from the claims' index, one row, and the lateral read can
+    only be a lookup, so the plan stays lookups at any size of the tables.
 
     Reading a window as ``Window`` does (``e``, then ``x``): each element of ``starts``
     and ``planned`` that is a JSON number, as a float8 (the cast and Python's
@@ -310,11 +318,12 @@ def start_rated_statement(db: str) -> str:
         f"%(process)s AND job_id = ANY(%(ids)s::bigint[]) ORDER BY job_id FOR UPDATE), "
         f"j AS MATERIALIZED (SELECT id, rate_key AS k, rate_limit AS n, rate_period AS p, "
         f"EXTRACT(EPOCH FROM rate_reserved_at)::float8 AS r FROM {job} "
-        f"WHERE id = ANY(ARRAY(SELECT job_id FROM h))), "
+        f"JOIN h ON h.job_id = id), "
         f"w AS MATERIALIZED (SELECT k, count(*) AS m, min(n) AS n, max(n) AS n2, "
         f"min(p) AS p, max(p) AS p2 FROM j WHERE k IS NOT NULL GROUP BY k), "
-        f"l AS MATERIALIZED (SELECT id, key AS k, starts, planned FROM {rate} "
-        f'WHERE key = ANY(ARRAY(SELECT k FROM w)) ORDER BY key COLLATE "C" FOR UPDATE), '
+        f'l AS MATERIALIZED (SELECT r.* FROM (SELECT k FROM w ORDER BY k COLLATE "C") AS o, '
+        f"LATERAL (SELECT id, key AS k, starts, planned FROM {rate} WHERE key = o.k "
+        f"FOR UPDATE) AS r), "
         f"e AS MATERIALIZED (SELECT k, s, o, v, n, CASE WHEN n = 0 OR abs(n) "
         f"BETWEEN 1e-6 AND 1e15 THEN n::float8 END AS t FROM (SELECT l.k, a.s, a.o, a.v, "
         f"CASE WHEN jsonb_typeof(a.v) = 'number' THEN a.v::numeric END AS n FROM l, "
