@@ -18,8 +18,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from django.db import connections
-from django.db.models import Count, F, Window
-from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from django_jobs.core.batches import count_outcomes
@@ -28,10 +26,8 @@ from django_jobs.core.ready import make_ready, set_status
 from django_jobs.db import features, ops
 from django_jobs.models import (
     BlockedExecution,
-    ClaimedExecution,
     Job,
     JobStatus,
-    ReadyExecution,
     Semaphore,
 )
 
@@ -201,25 +197,7 @@ def count_holders_by_key(db: str, keys: list[str]) -> dict[str, int]:
     lock. Counting inside the locking SELECT would not: its subqueries read the
     snapshot taken before it waited for the lock.
     """
-    ready = (
-        ReadyExecution.objects.using(db)
-        .filter(concurrency_key__in=keys)
-        .values_list("concurrency_key")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    claimed = (
-        ClaimedExecution.objects.using(db)
-        .filter(concurrency_key__in=keys)
-        .exclude(lease_expires_at__lt=timezone.now())
-        .values_list("concurrency_key")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    counts: dict[str, int] = defaultdict(int)
-    for key, n in ready.union(claimed, all=True):
-        counts[key] += n
-    return counts
+    return ops(db).count_holders(db, keys, timezone.now())
 
 
 def promote_blocked(db: str, semaphore: Semaphore) -> int:
@@ -236,18 +214,7 @@ def promote_blocked_by_key(db: str, semaphores: list[Semaphore]) -> int:
     free = {semaphore.key: semaphore.value for semaphore in semaphores if semaphore.value > 0}
     promoted: list[Job] = []
     if free:
-        rank = Window(
-            RowNumber(),
-            partition_by=F("concurrency_key"),
-            order_by=[F("priority").desc(), F("job_id").asc()],
-        )
-        rows = (
-            BlockedExecution.objects.using(db)
-            .filter(concurrency_key__in=list(free))
-            .annotate(rank=rank)
-            .filter(rank__lte=max(free.values()))
-            .values_list("job_id", "queue_name", "priority", "concurrency_key", "rank")
-        )
+        rows = ops(db).blocked_in_order(db, list(free), max(free.values()))
         promoted = [
             Job(
                 pk=job_id,

@@ -10,6 +10,7 @@ A flag is False (or the portable value) here; a vendor turns on only what it doe
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
@@ -477,6 +478,41 @@ class Operations:
         """``features.can_promote_in_one_statement``: recount and promote in one statement."""
         raise NotImplementedError
 
+    # A release's two reads where the recount and the promotion are not one statement
+    # (core.admission.release_slots): written once per count of keys, where the ORM
+    # compiled a UNION and a windowed query at every finish of keyed jobs (py-spy on
+    # MariaDB: half of a keyed drain's completer).
+
+    def count_holders(self, db: str, keys: Sequence[str], now: datetime) -> dict[str, int]:
+        """Count holders: the ready and claimed rows of each of ``keys``, in one statement;
+        a claim whose lease ran out by ``now`` no longer counts. Keys with none are left
+        out."""
+        if not keys:
+            return {}
+        connection = connections[db]
+        moment = connection.ops.adapt_datetimefield_value(now)
+        counts: dict[str, int] = defaultdict(int)
+        with connection.cursor() as cursor:
+            cursor.execute(count_holders_statement(db, len(keys)), [*keys, *keys, moment])
+            for key, n in cursor.fetchall():
+                counts[key] += int(n)
+        return counts
+
+    def blocked_in_order(
+        self, db: str, keys: Sequence[str], most: int
+    ) -> list[tuple[int, str, int, str, int]]:
+        """Blocked in order: the first ``most`` blocked jobs of each of ``keys`` by priority,
+        then age, as ``(job id, queue, priority, key, position)``, position counted from 1
+        within the key."""
+        if not keys:
+            return []
+        with connections[db].cursor() as cursor:
+            cursor.execute(blocked_in_order_statement(db, len(keys)), [*keys, most])
+            return [
+                (int(job_id), queue, int(priority), key, int(position))
+                for job_id, queue, priority, key, position in cursor.fetchall()
+            ]
+
     def finish_with_dependents(
         self, db: str, process_id: int, return_values: dict[int, object], now: datetime
     ) -> dict[int, tuple[str | None, int | None]]:
@@ -563,3 +599,35 @@ def lease_end(job: Job, now: datetime) -> datetime | None:
     if job.concurrency_key and job.concurrency_duration:
         return later(now, job.concurrency_duration)
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def count_holders_statement(db: str, count: int) -> str:
+    """``Operations.count_holders``' statement for ``count`` keys (given twice, then now)."""
+    from django_jobs.models import ClaimedExecution, ReadyExecution
+
+    quote = connections[db].ops.quote_name
+    ready, claimed = quote(ReadyExecution._meta.db_table), quote(ClaimedExecution._meta.db_table)
+    marks = ", ".join(["%s"] * count)
+    return (
+        f"SELECT concurrency_key, COUNT(*) FROM {ready} WHERE concurrency_key IN ({marks}) "
+        f"GROUP BY concurrency_key UNION ALL "
+        f"SELECT concurrency_key, COUNT(*) FROM {claimed} WHERE concurrency_key IN ({marks}) "
+        f"AND (lease_expires_at IS NULL OR lease_expires_at >= %s) GROUP BY concurrency_key"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def blocked_in_order_statement(db: str, count: int) -> str:
+    """``Operations.blocked_in_order``' statement for ``count`` keys (then the most per key)."""
+    from django_jobs.models import BlockedExecution
+
+    quote = connections[db].ops.quote_name
+    marks = ", ".join(["%s"] * count)
+    return (
+        f"SELECT job_id, queue_name, priority, concurrency_key, position_ FROM "
+        f"(SELECT job_id, queue_name, priority, concurrency_key, ROW_NUMBER() OVER "
+        f"(PARTITION BY concurrency_key ORDER BY priority DESC, job_id) AS position_ "
+        f"FROM {quote(BlockedExecution._meta.db_table)} WHERE concurrency_key IN ({marks})) "
+        f"AS ranked_ WHERE position_ <= %s"
+    )
