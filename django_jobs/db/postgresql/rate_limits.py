@@ -191,7 +191,13 @@ def write_rated_starts(
 @functools.cache
 def write_statement(db: str) -> str:
     """The windows' UPDATE (a data-modifying CTE, run whether read or not), then the
-    starts' UPDATE: the portable ``write_starts``' columns, per job from arrays."""
+    starts' UPDATE: the portable ``write_starts``' columns, per job from arrays.
+
+    Each UPDATE also names its ids as ``= ANY(array)``, which the join to the arrays
+    already implies: it lets the cached generic plan reach the rows by their primary key.
+    Joined to the arrays alone, it read the whole rate table (a hash join over a
+    sequential scan, the cheaper plan by its guess): 0.43 ms against 0.14 for three rows
+    of a thousand keys (EXPLAIN ANALYZE of the generic plan)."""
     quote = connections[db].ops.quote_name
     job, rate = quote(Job._meta.db_table), quote(RateLimit._meta.db_table)
     return (
@@ -200,7 +206,7 @@ def write_statement(db: str) -> str:
         f"updated_at = %(now)s "
         f"FROM UNNEST(%(rate_ids)s::bigint[], %(starts)s::text[], %(planned)s::text[], "
         f"%(limits)s::integer[], %(periods)s::float8[]) AS w(id, starts, planned, lim, period) "
-        f"WHERE r.id = w.id) "
+        f"WHERE r.id = w.id AND r.id = ANY(%(rate_ids)s::bigint[])) "
         f"UPDATE {job} AS j SET status = %(running)s, attempts = s.attempts, "
         f"worker_ids = s.workers::jsonb, started_at = COALESCE(j.started_at, s.stamp), "
         f"last_attempted_at = s.stamp, "
@@ -208,7 +214,7 @@ def write_statement(db: str) -> str:
         f"rate_reserved_at = CASE WHEN j.rate_key IS NULL THEN j.rate_reserved_at END "
         f"FROM UNNEST(%(ids)s::bigint[], %(attempts)s::integer[], %(workers)s::text[], "
         f"%(stamps)s::timestamptz[]) AS s(id, attempts, workers, stamp) "
-        f"WHERE j.id = s.id"
+        f"WHERE j.id = s.id AND j.id = ANY(%(ids)s::bigint[])"
     )
 
 
