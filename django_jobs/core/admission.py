@@ -240,8 +240,7 @@ def promote_blocked_by_key(db: str, semaphores: list[Semaphore]) -> int:
     for semaphore in semaphores:
         semaphore.updated_at = now
         by_value[semaphore.value].append(semaphore.pk)
-    for value, pks in by_value.items():
-        Semaphore.objects.using(db).filter(pk__in=pks).update(value=value, updated_at=now)
+    ops(db).set_semaphore_values(db, by_value, now)
     return len(promoted)
 
 

@@ -59,8 +59,7 @@ def make_ready(db: str, jobs: list[Job]) -> None:
 
 def set_status(db: str, jobs: list[Job], status: JobStatus) -> None:
     changed = [job.pk for job in jobs if job.status != status]
-    if changed:
-        Job.objects.using(db).filter(pk__in=changed).update(status=status)
+    ops(db).set_job_status(db, changed, status)
     for job in jobs:
         job.status = status
 

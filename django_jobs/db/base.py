@@ -498,6 +498,23 @@ class Operations:
                 counts[key] += int(n)
         return counts
 
+    def set_semaphore_values(self, db: str, by_value: dict[int, list[int]], now: datetime) -> None:
+        """Set semaphore values: for each value, the semaphores of its ids (locked by the
+        caller) take it, ``updated_at`` now; one UPDATE per distinct value, written once per
+        count of ids."""
+        connection = connections[db]
+        moment = connection.ops.adapt_datetimefield_value(now)
+        with connection.cursor() as cursor:
+            for value, pks in by_value.items():
+                cursor.execute(semaphore_values_statement(db, len(pks)), [value, moment, *pks])
+
+    def set_job_status(self, db: str, job_ids: Sequence[int], status: str) -> None:
+        """Set job status: the jobs of ``job_ids`` (whose rows the caller may write) take
+        ``status``; one UPDATE written once per count of ids."""
+        if job_ids:
+            with connections[db].cursor() as cursor:
+                cursor.execute(job_status_statement(db, len(job_ids)), [str(status), *job_ids])
+
     def blocked_in_order(
         self, db: str, keys: Sequence[str], most: int
     ) -> list[tuple[int, str, int, str, int]]:
@@ -631,3 +648,24 @@ def blocked_in_order_statement(db: str, count: int) -> str:
         f"FROM {quote(BlockedExecution._meta.db_table)} WHERE concurrency_key IN ({marks})) "
         f"AS ranked_ WHERE position_ <= %s"
     )
+
+
+@functools.lru_cache(maxsize=64)
+def semaphore_values_statement(db: str, count: int) -> str:
+    from django_jobs.models import Semaphore
+
+    quote = connections[db].ops.quote_name
+    marks = ", ".join(["%s"] * count)
+    return (
+        f"UPDATE {quote(Semaphore._meta.db_table)} SET value = %s, updated_at = %s "
+        f"WHERE id IN ({marks})"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def job_status_statement(db: str, count: int) -> str:
+    from django_jobs.models import Job
+
+    quote = connections[db].ops.quote_name
+    marks = ", ".join(["%s"] * count)
+    return f"UPDATE {quote(Job._meta.db_table)} SET status = %s WHERE id IN ({marks})"
