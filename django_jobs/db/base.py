@@ -506,14 +506,18 @@ class Operations:
         moment = connection.ops.adapt_datetimefield_value(now)
         with connection.cursor() as cursor:
             for value, pks in by_value.items():
-                cursor.execute(semaphore_values_statement(db, len(pks)), [value, moment, *pks])
+                cursor.execute(
+                    update_by_ids_statement(db, "Semaphore", ("value", "updated_at"), len(pks)),
+                    [value, moment, *pks],
+                )
 
     def set_job_status(self, db: str, job_ids: Sequence[int], status: str) -> None:
         """Set job status: the jobs of ``job_ids`` (whose rows the caller may write) take
         ``status``; one UPDATE written once per count of ids."""
         if job_ids:
             with connections[db].cursor() as cursor:
-                cursor.execute(job_status_statement(db, len(job_ids)), [str(status), *job_ids])
+                statement = update_by_ids_statement(db, "Job", ("status",), len(job_ids))
+                cursor.execute(statement, [str(status), *job_ids])
 
     def blocked_in_order(
         self, db: str, keys: Sequence[str], most: int
@@ -651,21 +655,12 @@ def blocked_in_order_statement(db: str, count: int) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def semaphore_values_statement(db: str, count: int) -> str:
-    from django_jobs.models import Semaphore
+def update_by_ids_statement(db: str, model_name: str, columns: tuple[str, ...], count: int) -> str:
+    """Set ``columns`` (parameters, in order) of the rows of ``count`` ids (parameters after
+    them) of ``model_name``'s table."""
+    from django_jobs import models
 
     quote = connections[db].ops.quote_name
-    marks = ", ".join(["%s"] * count)
-    return (
-        f"UPDATE {quote(Semaphore._meta.db_table)} SET value = %s, updated_at = %s "
-        f"WHERE id IN ({marks})"
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def job_status_statement(db: str, count: int) -> str:
-    from django_jobs.models import Job
-
-    quote = connections[db].ops.quote_name
-    marks = ", ".join(["%s"] * count)
-    return f"UPDATE {quote(Job._meta.db_table)} SET status = %s WHERE id IN ({marks})"
+    table = quote(getattr(models, model_name)._meta.db_table)
+    sets = ", ".join(f"{quote(name)} = %s" for name in columns)
+    return f"UPDATE {table} SET {sets} WHERE id IN ({', '.join(['%s'] * count)})"

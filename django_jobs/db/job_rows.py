@@ -10,29 +10,41 @@ are looked up once per database here.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections
-from django.db.models import Field
+from django.db.models import Field, Model
 
 from django_jobs.db.base import column
 from django_jobs.models import Job
 
 
+def converters_of(connection: Any, fields: Sequence[Field]) -> tuple[tuple[int, Field, list], ...]:
+    """The converters of the columns of ``fields`` (in a row's order) that have any: JSON
+    fields parse their text, MySQL makes its datetimes aware, as a model query would."""
+    found = (
+        (index, field, field_converters(connection, field)) for index, field in enumerate(fields)
+    )
+    return tuple((index, field, functions) for index, field, functions in found if functions)
+
+
+def converted(
+    connection: Any, converters: tuple[tuple[int, Field, list], ...], row: Sequence
+) -> list:
+    """``row``'s values with :func:`converters_of`' converters applied."""
+    values = list(row)
+    for index, field, functions in converters:
+        for convert in functions:
+            values[index] = convert(values[index], field.cached_col, connection)
+    return values
+
+
 @functools.cache
-def job_columns(db: str) -> tuple[tuple[str, ...], tuple[tuple[int, list], ...]]:
-    """``Job``'s attribute names in column order, and the converters of the columns
-    that have any (JSON fields parse their text; MySQL makes its datetimes aware), as a
-    model query would apply them."""
-    connection = connections[db]
-    fields = Job._meta.concrete_fields
-    converters = tuple(
-        (index, field_converters(connection, field)) for index, field in enumerate(fields)
-    )
-    return (
-        tuple(field.attname for field in fields),
-        tuple((index, found) for index, found in converters if found),
-    )
+def model_columns(db: str, model: type[Model]) -> tuple[tuple[str, ...], tuple]:
+    """``model``'s attribute names in column order, and its columns' converters."""
+    fields = model._meta.concrete_fields
+    return tuple(field.attname for field in fields), converters_of(connections[db], fields)
 
 
 @functools.cache
@@ -49,12 +61,11 @@ def field_converters(connection: Any, field: Field) -> list:
 
 
 def job_from_row(db: str, connection: Any, row: tuple) -> Job:
-    """A ``Job`` from a row of all its columns (in :func:`job_columns`' order)."""
-    names, converters = job_columns(db)
-    values = list(row)
-    fields = Job._meta.concrete_fields
-    for index, functions in converters:
-        field = fields[index]
-        for convert in functions:
-            values[index] = convert(values[index], field.cached_col, connection)
-    return Job.from_db(db, names, values)
+    """A ``Job`` from a row of all its columns (in :func:`select_list`'s order)."""
+    return model_from_row(db, Job, connection, row)
+
+
+def model_from_row[M: Model](db: str, model: type[M], connection: Any, row: tuple) -> M:
+    """An instance of ``model`` from a row of all its columns, in their order."""
+    names, converters = model_columns(db, model)
+    return model.from_db(db, names, converted(connection, converters, row))

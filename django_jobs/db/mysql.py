@@ -15,7 +15,7 @@ from django.db.models import QuerySet
 
 from django_jobs.db import base
 from django_jobs.db.base import RowT, column
-from django_jobs.db.job_rows import field_converters, job_from_row
+from django_jobs.db.job_rows import converted, converters_of, job_from_row, model_from_row
 from django_jobs.db.rows import StartRow
 
 if TYPE_CHECKING:
@@ -100,14 +100,7 @@ class Operations(base.Operations):
             cursor.execute(start_rows_statement(db, len(held)), held)
             fetched = cursor.fetchall()
         converters = start_row_converters(db)
-        rows = []
-        for row in fetched:
-            values = list(row)
-            for index, field, functions in converters:
-                for convert in functions:
-                    values[index] = convert(values[index], field.cached_col, connection)
-            rows.append(StartRow(*values))
-        return rows
+        return [StartRow(*converted(connection, converters, row)) for row in fetched]
 
     def delete_statement(self, table: str, column: str, count: int) -> str:
         """Delete by ids, reaching each row by its own key. A ``DELETE ... WHERE id IN
@@ -439,30 +432,6 @@ def key_lock_statement(db: str, model: type[models.Model], count: int) -> str:
     return " UNION ALL ".join([one] * count)
 
 
-@functools.cache
-def model_converters(db: str, model: type[models.Model]) -> tuple[tuple[str, ...], tuple]:
-    """``model``'s attribute names in column order, and the converters of the columns that
-    have any, as a queryset of it would apply them."""
-    connection = connections[db]
-    fields = model._meta.concrete_fields
-    found = [
-        (index, field, field_converters(connection, field)) for index, field in enumerate(fields)
-    ]
-    return (
-        tuple(field.attname for field in fields),
-        tuple((index, field, functions) for index, field, functions in found if functions),
-    )
-
-
-def model_from_row(db: str, model: type[RowT], connection: Any, row: tuple) -> RowT:
-    names, converters = model_converters(db, model)
-    values = list(row)
-    for index, field, functions in converters:
-        for convert in functions:
-            values[index] = convert(values[index], field.cached_col, connection)
-    return model.from_db(db, names, values)
-
-
 @functools.lru_cache(maxsize=64)
 def held_claims_statement(db: str, count: int) -> str:
     """The job ids of ``count`` ids (parameters, then the process id) whose claims the
@@ -506,10 +475,4 @@ def start_fields() -> list[models.Field]:
 @functools.cache
 def start_row_converters(db: str) -> tuple:
     """The converters of ``StartRow``'s columns that have any (JSON, datetimes)."""
-    connection = connections[db]
-    found = []
-    for index, field in enumerate(start_fields()):
-        functions = field_converters(connection, field)
-        if functions:
-            found.append((index, field, functions))
-    return tuple(found)
+    return converters_of(connections[db], start_fields())
