@@ -13,7 +13,9 @@ The collation chosen: the character set's binary "no pad" one where the server h
 either; else its ``*_bin`` (trailing spaces still ignored). Every key column gets the same
 one: the raw SQL joins one key column to another, and two different collations there are an
 "illegal mix". A later migration that alters one of these fields must keep its collation
-(tests/test_key_case.py checks the columns). Elsewhere this migration does nothing.
+(tests/test_key_case.py checks the columns). A change of collation rebuilds the table
+(``django_jobs_job`` among them): on a big table, migrate while the queue is quiet.
+Elsewhere this migration does nothing.
 """
 
 from django.db import migrations
