@@ -281,25 +281,23 @@ class Operations:
     def lock_start_rows(self, db: str, process_id: int, job_ids: list[int]) -> list[StartRow]:
         """Lock start rows: lock the claims of ``job_ids`` that ``process_id`` still holds
         (ascending job id), then read their jobs under those locks, in claim order
-        (priority, then id). A claim gone (recovered, pruned) leaves its job out."""
-        from django_jobs.models import ClaimedExecution, Job
+        (priority, then id). A claim gone (recovered, pruned) leaves its job out. Two
+        statements written once per count of ids, where the ORM compiled both at every
+        rate-limited start."""
+        from django_jobs.db.job_rows import converted
 
-        held = list(
-            ClaimedExecution.objects.using(db)
-            .select_for_update()
-            .filter(job_id__in=job_ids, process_id=process_id)
-            .order_by("job_id")
-            .values_list("job_id", flat=True)
-        )
-        if not held:
+        if not job_ids:
             return []
-        return [
-            StartRow(*values)
-            for values in Job.objects.using(db)
-            .filter(pk__in=held)
-            .order_by("-priority", "pk")
-            .values_list(*StartRow._fields)
-        ]
+        connection = connections[db]
+        with connection.cursor() as cursor:
+            cursor.execute(held_claims_statement(db, len(job_ids)), [*job_ids, process_id])
+            held = [job_id for (job_id,) in cursor.fetchall()]
+            if not held:
+                return []
+            cursor.execute(start_rows_statement(db, len(held)), held)
+            fetched = cursor.fetchall()
+        converters = start_row_converters(db)
+        return [StartRow(*converted(connection, converters, row)) for row in fetched]
 
     def lock_rate_rows(self, db: str, keys: Iterable[str]) -> list[RateLimit]:
         """Lock rate rows: the ``RateLimit`` rows of ``keys``, in ascending key order by code
@@ -502,21 +500,25 @@ class Operations:
         """Set semaphore values: for each value, the semaphores of its ids (locked by the
         caller) take it, ``updated_at`` now; one UPDATE per distinct value, written once per
         count of ids."""
+        from django_jobs.models import Semaphore
+
         connection = connections[db]
         moment = connection.ops.adapt_datetimefield_value(now)
         with connection.cursor() as cursor:
             for value, pks in by_value.items():
                 cursor.execute(
-                    update_by_ids_statement(db, "Semaphore", ("value", "updated_at"), len(pks)),
+                    update_by_ids_statement(db, Semaphore, ("value", "updated_at"), len(pks)),
                     [value, moment, *pks],
                 )
 
     def set_job_status(self, db: str, job_ids: Sequence[int], status: str) -> None:
         """Set job status: the jobs of ``job_ids`` (whose rows the caller may write) take
         ``status``; one UPDATE written once per count of ids."""
+        from django_jobs.models import Job
+
         if job_ids:
             with connections[db].cursor() as cursor:
-                statement = update_by_ids_statement(db, "Job", ("status",), len(job_ids))
+                statement = update_by_ids_statement(db, Job, ("status",), len(job_ids))
                 cursor.execute(statement, [str(status), *job_ids])
 
     def blocked_in_order(
@@ -655,12 +657,62 @@ def blocked_in_order_statement(db: str, count: int) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def update_by_ids_statement(db: str, model_name: str, columns: tuple[str, ...], count: int) -> str:
+def update_by_ids_statement(
+    db: str, model: type[models.Model], columns: tuple[str, ...], count: int
+) -> str:
     """Set ``columns`` (parameters, in order) of the rows of ``count`` ids (parameters after
-    them) of ``model_name``'s table."""
-    from django_jobs import models
-
+    them) of ``model``'s table."""
     quote = connections[db].ops.quote_name
-    table = quote(getattr(models, model_name)._meta.db_table)
+    table = quote(model._meta.db_table)
     sets = ", ".join(f"{quote(name)} = %s" for name in columns)
     return f"UPDATE {table} SET {sets} WHERE id IN ({', '.join(['%s'] * count)})"
+
+
+@functools.lru_cache(maxsize=64)
+def held_claims_statement(db: str, count: int) -> str:
+    """The job ids of ``count`` ids (parameters, then the process id) whose claims the
+    process holds, locked in ascending job id where the database locks rows."""
+    from django_jobs.models import ClaimedExecution
+
+    connection = connections[db]
+    quote = connection.ops.quote_name
+    marks = ", ".join(["%s"] * count)
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    return (
+        f"SELECT job_id FROM {quote(ClaimedExecution._meta.db_table)} "
+        f"WHERE job_id IN ({marks}) AND process_id = %s ORDER BY job_id{lock}"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def start_rows_statement(db: str, count: int) -> str:
+    """``StartRow``'s columns of ``count`` jobs (parameters), in claim order."""
+    from django_jobs.models import Job
+
+    quote = connections[db].ops.quote_name
+    names = ", ".join(quote(column(field)) for field in start_fields())
+    marks = ", ".join(["%s"] * count)
+    return (
+        f"SELECT {names} FROM {quote(Job._meta.db_table)} WHERE id IN ({marks}) "
+        f"ORDER BY priority DESC, id"
+    )
+
+
+def start_fields() -> list[models.Field]:
+    """``Job``'s fields of ``StartRow``'s, in its order (``pk`` is ``id``)."""
+    from django_jobs.models import Job
+
+    fields = []
+    for name in StartRow._fields:
+        field = Job._meta.get_field("id" if name == "pk" else name)
+        assert isinstance(field, models.Field)
+        fields.append(field)
+    return fields
+
+
+@functools.cache
+def start_row_converters(db: str) -> tuple:
+    """The converters of ``StartRow``'s columns that have any (JSON, datetimes)."""
+    from django_jobs.db.job_rows import converters_of
+
+    return converters_of(connections[db], start_fields())

@@ -15,8 +15,7 @@ from django.db.models import QuerySet
 
 from django_jobs.db import base
 from django_jobs.db.base import RowT, column
-from django_jobs.db.job_rows import converted, converters_of, job_from_row, model_from_row
-from django_jobs.db.rows import StartRow
+from django_jobs.db.job_rows import job_from_row, model_from_row
 
 if TYPE_CHECKING:
     from django_jobs.models import Job
@@ -84,23 +83,6 @@ class Operations(base.Operations):
         """Keys in the order every path locks them: ascending by code point, as Python sorts
         (docs/design.md section 4)."""
         return sorted(set(keys))
-
-    def lock_start_rows(self, db: str, process_id: int, job_ids: list[int]) -> list[StartRow]:
-        """``base.Operations.lock_start_rows`` in two statements written once per count of
-        ids, where the ORM compiled both at every start: the claims locked by their primary
-        key (ascending job id), then their jobs read, in claim order."""
-        if not job_ids:
-            return []
-        connection = connections[db]
-        with connection.cursor() as cursor:
-            cursor.execute(held_claims_statement(db, len(job_ids)), [*job_ids, process_id])
-            held = [job_id for (job_id,) in cursor.fetchall()]
-            if not held:
-                return []
-            cursor.execute(start_rows_statement(db, len(held)), held)
-            fetched = cursor.fetchall()
-        converters = start_row_converters(db)
-        return [StartRow(*converted(connection, converters, row)) for row in fetched]
 
     def delete_statement(self, table: str, column: str, count: int) -> str:
         """Delete by ids, reaching each row by its own key. A ``DELETE ... WHERE id IN
@@ -416,7 +398,7 @@ def procedure_fields(db: str) -> tuple[Fields, Fields] | None:
     return _procedure_fields[key]
 
 
-# --- statements written once: locks by key, a start's claims and jobs --------------------
+# --- a statement written once: the lock of rows by key ------------------------------------
 
 
 @functools.lru_cache(maxsize=64)
@@ -430,49 +412,3 @@ def key_lock_statement(db: str, model: type[models.Model], count: int) -> str:
         f"(SELECT {names} FROM {quote(model._meta.db_table)} WHERE {quote('key')} = %s FOR UPDATE)"
     )
     return " UNION ALL ".join([one] * count)
-
-
-@functools.lru_cache(maxsize=64)
-def held_claims_statement(db: str, count: int) -> str:
-    """The job ids of ``count`` ids (parameters, then the process id) whose claims the
-    process holds, locked in ascending job id."""
-    from django_jobs.models import ClaimedExecution
-
-    quote = connections[db].ops.quote_name
-    marks = ", ".join(["%s"] * count)
-    return (
-        f"SELECT job_id FROM {quote(ClaimedExecution._meta.db_table)} "
-        f"WHERE job_id IN ({marks}) AND process_id = %s ORDER BY job_id FOR UPDATE"
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def start_rows_statement(db: str, count: int) -> str:
-    """``StartRow``'s columns of ``count`` jobs (parameters), in claim order."""
-    from django_jobs.models import Job
-
-    quote = connections[db].ops.quote_name
-    names = ", ".join(quote(column(field)) for field in start_fields())
-    marks = ", ".join(["%s"] * count)
-    return (
-        f"SELECT {names} FROM {quote(Job._meta.db_table)} WHERE id IN ({marks}) "
-        f"ORDER BY priority DESC, id"
-    )
-
-
-def start_fields() -> list[models.Field]:
-    """``Job``'s fields of ``StartRow``'s, in its order (``pk`` is ``id``)."""
-    from django_jobs.models import Job
-
-    fields = []
-    for name in StartRow._fields:
-        field = Job._meta.get_field("id" if name == "pk" else name)
-        assert isinstance(field, models.Field)
-        fields.append(field)
-    return fields
-
-
-@functools.cache
-def start_row_converters(db: str) -> tuple:
-    """The converters of ``StartRow``'s columns that have any (JSON, datetimes)."""
-    return converters_of(connections[db], start_fields())

@@ -41,6 +41,7 @@ from typing import Any
 
 from django.db import connections
 
+from django_jobs.db.base import column, start_fields
 from django_jobs.db.postgresql.cursors import bound_cursor
 from django_jobs.db.rows import Started, StartRow
 from django_jobs.limits import MAX_SECONDS
@@ -112,9 +113,8 @@ def lock_start_statement(db: str) -> str:
 
 
 def start_columns() -> list[str]:
-    """The columns of ``StartRow``'s fields, in its order: each is its field's name (none
-    is a relation), and ``pk`` is ``id``."""
-    return ["id" if name == "pk" else name for name in StartRow._fields]
+    """The columns of ``StartRow``'s fields, in its order (``base.start_fields``)."""
+    return [column(field) for field in start_fields()]
 
 
 def lock_rate_rows(db: str, keys: Iterable[str]) -> list[RateLimit]:
