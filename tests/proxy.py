@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
+
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 
 class CuttableProxy:
@@ -16,6 +19,8 @@ class CuttableProxy:
         self.port = self.listener.getsockname()[1]
         self.lock = threading.Lock()
         self.sockets: list[socket.socket] = []
+        self.upstream_ports: list[int] = []  # our end of each connection to the server
+        self.cut_ports: list[int] = []
         self.refusing = False
         self.closed = False
         threading.Thread(target=self.accept_loop, daemon=True).start()
@@ -36,7 +41,13 @@ class CuttableProxy:
                 continue
             server.settimeout(None)
             with self.lock:
+                if self.refusing:  # cut while we were connecting: that connection is cut too
+                    self.cut_ports.append(server.getsockname()[1])
+                    client.close()
+                    server.close()
+                    continue
                 self.sockets += [client, server]
+                self.upstream_ports.append(server.getsockname()[1])
             threading.Thread(target=self.pump, args=(client, server, True), daemon=True).start()
             threading.Thread(target=self.pump, args=(server, client, False), daemon=True).start()
 
@@ -64,6 +75,44 @@ class CuttableProxy:
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
             self.sockets.clear()
+            self.cut_ports += self.upstream_ports
+            self.upstream_ports.clear()
+
+    def wait_for_the_server_to_let_go(
+        self, connection: BaseDatabaseWrapper, timeout: float = 20.0
+    ) -> None:
+        """Return once the server has ended every session that came through us.
+
+        A statement the server had read before the cut still runs after it, to its end,
+        and in autocommit it commits: a worker's claim sent a moment before the cut can
+        take a job enqueued a moment after. The server notices the lost client only when
+        it next reads, so a session gone from its process list has nothing left to run.
+        ``connection`` must reach the server directly, not through this proxy.
+        """
+        with self.lock:
+            ports = list(self.cut_ports)
+        if not ports:
+            return
+        if connection.vendor == "postgresql":
+            sql = "SELECT count(*) FROM pg_stat_activity WHERE client_port = ANY(%s)"
+            params: list = [ports]
+        else:  # MySQL/MariaDB name a TCP client "host:port"
+            marks = ", ".join(["%s"] * len(ports))
+            sql = (
+                "SELECT count(*) FROM information_schema.processlist"
+                f" WHERE SUBSTRING_INDEX(host, ':', -1) IN ({marks})"
+            )
+            params = [str(port) for port in ports]
+        deadline = time.monotonic() + timeout
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                (left,) = cursor.fetchone()
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{left} sessions cut at the proxy still open on the server")
+            time.sleep(0.02)
 
     def restore(self) -> None:
         self.refusing = False

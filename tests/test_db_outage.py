@@ -7,9 +7,7 @@ itself talks to the database directly. Meaningless on SQLite (a file, no server)
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import socket
 import threading
 from importlib import import_module
 
@@ -25,77 +23,11 @@ from django_jobs.runtime.lifecycle import Lifecycle
 from django_jobs.runtime.worker import Worker
 from tests import batch_tasks, tasks
 from tests.harness import database_url, error_paths, job_row, runs_of, wait_until
+from tests.proxy import CuttableProxy
 
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
 
 ALIVE_THRESHOLD = 3.0  # harness FAST_ENV
-
-
-class Proxy:
-    """Forwards 127.0.0.1:<port> to the database; ``cut()`` and ``restore()`` it."""
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.lock = threading.Lock()
-        self.open: list[socket.socket] = []
-        self.refusing = False
-        self.cuts = 0
-        threading.Thread(target=self.accept, daemon=True, name="proxy-accept").start()
-
-    def accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            with self.lock:
-                refusing = self.refusing
-            if refusing:
-                client.close()
-                continue
-            try:
-                server = socket.create_connection(self.upstream, timeout=5)
-                server.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            with self.lock:
-                if self.refusing:  # cut while we were connecting
-                    client.close()
-                    server.close()
-                    continue
-                self.open += [client, server]
-            for source, target in ((client, server), (server, client)):
-                threading.Thread(target=self.pump, args=(source, target), daemon=True).start()
-
-    @staticmethod
-    def pump(source: socket.socket, target: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                target.sendall(data)
-        for sock in (source, target):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def cut(self) -> None:
-        with self.lock:
-            self.refusing = True
-            self.cuts += 1
-            for sock in self.open:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            self.open.clear()
-
-    def restore(self) -> None:
-        with self.lock:
-            self.refusing = False
-
-    def close(self) -> None:
-        self.cut()
-        self.listener.close()
 
 
 @pytest.fixture
@@ -104,7 +36,7 @@ def proxy():
         pytest.skip("SQLite is a file: there is no database server to lose")
     settings = connection.settings_dict
     port = settings.get("PORT") or (5432 if connection.vendor == "postgresql" else 3306)
-    proxy = Proxy((settings.get("HOST") or "127.0.0.1", int(port)))
+    proxy = CuttableProxy(settings.get("HOST") or "127.0.0.1", int(port))
     yield proxy
     proxy.close()
 
@@ -124,6 +56,8 @@ def test_the_worker_rides_out_a_database_outage(run_jobs, proxy, tmp_path, mode)
     before = dict(Process.objects.values_list("pk", "pid"))
 
     proxy.cut()
+    # Whatever the worker sent before the cut has run: nothing it sent can claim these.
+    proxy.wait_for_the_server_to_let_go(connection)
     during = [tasks.add.enqueue(20, i) for i in range(3)]  # straight to the database
     # The job ends while the database is away: its outcome must wait, not be lost.
     proc.wait_for_output(f"database unavailable during finishing job {running.id}")
