@@ -16,7 +16,8 @@ enqueue to start with idle workers, and claim rate with a big table against
 an empty one. Phases "procrastinate" and "oban" (PostgreSQL only) put
 Procrastinate and Oban for Python, the other peers, through the same enqueue,
 drain and latency. Every drain also reads the CPU time its workers' processes
-spent (/proc), printed per job. Phase "limit"
+spent, and the local database server's (/proc), printed per job: on a machine
+whose cores are all busy, their sum bounds the drain. Phase "limit"
 (PostgreSQL only) drains the same number of jobs with a minimal raw-SQL queue
 (bench/limit_queue.py) and the same processes x threads: every drain is also
 printed as a share of that ceiling. Phase "concurrent" compares ours with ours
@@ -456,6 +457,28 @@ def cpu_used(before: dict[int, int], after: dict[int, int], jobs: int) -> dict[s
     }
 
 
+# Command names (/proc/PID/comm) of a local database server's processes, by vendor.
+SERVER_COMMANDS = {"postgresql": ("postgres",), "mysql": ("mariadbd", "mysqld")}
+
+
+def server_snapshot() -> dict[int, int]:
+    """Clock ticks so far of every process of the local database server the bench uses,
+    by pid (empty if it runs elsewhere). PostgreSQL's backends keep the command name
+    ``postgres`` whatever their title says; MariaDB is one process."""
+    names = SERVER_COMMANDS.get(connection.vendor, ())
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if command in names and (value := cpu_ticks(int(entry.name))) is not None:
+            ticks[int(entry.name)] = value
+    return ticks
+
+
 def cpu_note(cpu: dict[str, Any]) -> str:
     ended = f", {cpu['ended']} ended during it" if cpu["ended"] else ""
     return f"{cpu['cpu_s']:.2f} s over {cpu['processes']} processes{ended}"
@@ -603,6 +626,9 @@ class Drain:
     # User + system CPU of every process of the workers' sessions, from just before the
     # enqueue's commit to the poll that saw all finished (see cpu_used).
     cpu: dict[str, Any] = field(default_factory=dict)
+    # The database server's, from the enqueue's commit to the same poll: what the jobs'
+    # claims and finishes cost it (plus the harness's polls of the count, a few a second).
+    server_cpu: dict[str, Any] = field(default_factory=dict)
 
 
 class Bench(Protocol):
@@ -1265,16 +1291,18 @@ def drain(bench: Bench, jobs: int, plant: Callable[[], None], log_dir: Path, lab
         began = time.perf_counter()
         plant()
         committed = time.perf_counter()
+        server_ticks = server_snapshot()
         wait_finished(bench, workers, jobs)
         wall = time.perf_counter() - committed
         cpu = cpu_used(ticks, cpu_snapshot(workers), jobs)
+        server_cpu = cpu_used(server_ticks, server_snapshot(), jobs)
         rss = bench.rss(workers)
     failed = bench.failed_count()
     if failed:
         raise RuntimeError(f"{bench.name}: {failed:,} of {jobs:,} jobs did not succeed")
     first, last = bench.span()
     span = (last - first).total_seconds()
-    return Drain(jobs, jobs / span, span, wall, committed - began, rss, cpu)
+    return Drain(jobs, jobs / span, span, wall, committed - began, rss, cpu, server_cpu)
 
 
 def latency(bench: Bench, samples: int, interval_ms: float, log_dir: Path) -> list[float]:
@@ -1487,6 +1515,7 @@ ENQUEUE_ATOMIC_FIGURE = ("enqueue_atomic_rate", "enqueue one by one, in atomic()
 DRAIN_FIGURES = (("drain_rate", "drain no-op jobs", "jobs/s"),)
 DRAIN_WALL_FIGURE = ("drain_wall", "drain wall time", "s", False)
 CPU_FIGURE = ("worker_cpu_per_job", "worker CPU per job", "ms", False)
+SERVER_CPU_FIGURE = ("server_cpu_per_job", "database server CPU per job", "ms", False)
 RSS_FIGURES = (
     ("max_mb", "worker RSS, largest process", "ours: workers + supervisor"),
     ("sum_mb", "worker RSS, sum", "ours: workers + supervisor"),
@@ -1768,6 +1797,9 @@ def phase_drain(run: Run) -> None:
     cpu = run.report.figure(*CPU_FIGURE)
     cpu.ours, cpu.peer = ours.cpu["ms_per_job"], peer.cpu["ms_per_job"]
     cpu.note = f"user+system, every worker process; ours: {cpu_note(ours.cpu)}"
+    server = run.report.figure(*SERVER_CPU_FIGURE)
+    server.ours, server.peer = ours.server_cpu["ms_per_job"], peer.server_cpu["ms_per_job"]
+    server.note = f"every server process, commit→done; ours: {cpu_note(ours.server_cpu)}"
     run.report.shares += [
         Share("drain_ours", "ours, drain no-op jobs", ours.rate, "drain"),
         Share("drain_peer", "django-tasks-db, drain no-op jobs", peer.rate, "drain"),
@@ -1811,10 +1843,14 @@ def drain_against_plain(
         plain = lambda: run.ours.enqueue_many(count)  # noqa: E731
         after = drain(run.ours, count, plain, run.log_dir, f"ours-after-{name}")
         run.plain_drain = after
-    note = f"worker CPU {result.cpu['ms_per_job']:.2f} ms/job"
+    note = (
+        f"CPU ms/job: worker {result.cpu['ms_per_job']:.2f}, "
+        f"server {result.server_cpu['ms_per_job']:.2f}"
+    )
     if before is not None and after is not None:
         cpu = (before.cpu["ms_per_job"] + after.cpu["ms_per_job"]) / 2
-        note += f" (unlimited: {cpu:.2f})"
+        server = (before.server_cpu["ms_per_job"] + after.server_cpu["ms_per_job"]) / 2
+        note += f" (unlimited: {cpu:.2f}, {server:.2f})"
     run.report.figures.append(
         Figure(f"{name}_drain_rate", label, "jobs/s", result.rate, None, note=note)
     )
@@ -2061,7 +2097,13 @@ def phase_limit(run: Run) -> None:
         limit.close()
     rate = statistics.median(d.rate for d in drains)
     cpu = statistics.median(d.cpu["ms_per_job"] for d in drains)
-    run.report.limit = {"enqueue": enqueue.median, "drain": rate, "cpu_ms_per_job": cpu}
+    server = statistics.median(d.server_cpu["ms_per_job"] for d in drains)
+    run.report.limit = {
+        "enqueue": enqueue.median,
+        "drain": rate,
+        "cpu_ms_per_job": cpu,
+        "server_cpu_ms_per_job": server,
+    }
     run.report.details["limit"] = {
         "processes": ours.processes,
         "threads": ours.threads,
@@ -2107,6 +2149,7 @@ def phase_procrastinate(run: Run) -> None:
     for key, label, _ in RSS_FIGURES:
         run.report.figure(f"rss_{key[:-3]}", label, "MB", False).procrastinate = result.rss[key]
     run.report.figure(*CPU_FIGURE).procrastinate = result.cpu["ms_per_job"]
+    run.report.figure(*SERVER_CPU_FIGURE).procrastinate = result.server_cpu["ms_per_job"]
     cuts = percentiles(
         latency(bench, sizes.latency_samples, sizes.latency_interval_ms, run.log_dir)
     )
@@ -2168,6 +2211,7 @@ def phase_oban(run: Run) -> None:
     for key, label, _ in RSS_FIGURES:
         report.figure(f"rss_{key[:-3]}", label, "MB", False).oban = result.rss[key]
     report.figure(*CPU_FIGURE).oban = result.cpu["ms_per_job"]
+    report.figure(*SERVER_CPU_FIGURE).oban = result.server_cpu["ms_per_job"]
     for cut in ("p50", "p95", "p99"):
         report.figure(*latency_figure(cut)).oban = cuts[cut]
     report.notes.append(
@@ -2436,8 +2480,9 @@ def print_table(report: Report) -> None:
         drains = len(report.details["limit"]["drains"])
         print(
             f"against the limit (raw-SQL queue, same database, same run): drain "
-            f"{number(report.limit['drain'])} jobs/s (median of {drains}; worker CPU "
-            f"{report.limit['cpu_ms_per_job']:.2f} ms/job), "
+            f"{number(report.limit['drain'])} jobs/s (median of {drains}; CPU ms/job: worker "
+            f"{report.limit['cpu_ms_per_job']:.2f}, server "
+            f"{report.limit['server_cpu_ms_per_job']:.2f}), "
             f"enqueue one by one {number(report.limit['enqueue'])} jobs/s"
         )
         for share in report.shares:
@@ -2539,6 +2584,8 @@ def circumstances(run: Run) -> dict[str, Any]:
         },
         "worker_cpu": "utime+stime+cutime+cstime of /proc/PID/stat, every process of the "
         "workers' sessions, from before the drain's enqueue to the poll that saw all finished",
+        "server_cpu": "the same, of every process of the local database server (by command "
+        "name), from the drain's enqueue's commit to the poll that saw all finished",
     }
 
 
