@@ -30,7 +30,7 @@ from django_jobs.db.base import column
 from django_jobs.db.job_rows import job_from_row
 from django_jobs.db.notify import jobs_ready
 from django_jobs.db.postgresql.admission import lock_statement, recount_params, recount_statement
-from django_jobs.db.postgresql.cursors import bound_cursor
+from django_jobs.db.postgresql.cursors import bound_cursor, unprepared_cursor
 from django_jobs.db.rows import Started
 from django_jobs.limits import MAX_SECONDS
 from django_jobs.models import (
@@ -87,7 +87,7 @@ def claim_matching(
         ]
     params = [*picked_params, *moved_params, process_id, now, now]
     connection = connections[db]
-    with bound_cursor(connection) as cursor:
+    with unprepared_cursor(connection) as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     jobs = [job_from_row(db, connection, row) for row in rows]
