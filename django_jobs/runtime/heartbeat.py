@@ -37,6 +37,11 @@ class Heartbeat(threading.Thread):
                 logger.exception("heartbeat failed")
                 reset_connection(self.db)
                 continue
+            if not alive and self.halt.is_set():
+                # Stopped while this beat was on its way: the row is gone because this
+                # process deregistered itself (``stop()`` comes first), not because it
+                # was pruned. Reporting a prune here made a graceful stop exit 1.
+                break
             if not alive:
                 # Pruned as dead (a long pause, a clock jump): our claims were
                 # recovered by someone else. Stop; the supervisor starts a fresh one.
