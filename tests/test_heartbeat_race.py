@@ -39,18 +39,28 @@ def beat_held_until_released(monkeypatch) -> tuple[threading.Event, threading.Ev
     return entered, release
 
 
-def test_a_beat_that_finds_its_row_deregistered_at_a_stop_is_not_a_prune(monkeypatch):
+def beat_meeting(monkeypatch, meanwhile) -> tuple[Process, Lifecycle]:
+    """Start a heartbeat, hold its first beat inside the call, run ``meanwhile(beat,
+    process)``, then let the beat go on and wait for the thread to end."""
     process = register_process(DB, Process.Kind.WORKER)
     lifecycle = Lifecycle()
     entered, release = beat_held_until_released(monkeypatch)
     beat = Heartbeat(DB, process.pk, 0.01, lifecycle)
     beat.start()
     assert entered.wait(10), "no beat came"
-    beat.stop()  # as registered() does on the way out, then:
-    deregister_process(DB, process.pk, "stopped")
+    meanwhile(beat, process)
     release.set()  # the beat that was on its way now finds no row
     beat.join(10)
     assert not beat.is_alive()
+    return process, lifecycle
+
+
+def test_a_beat_that_finds_its_row_deregistered_at_a_stop_is_not_a_prune(monkeypatch):
+    def stop_then_deregister(beat: Heartbeat, process: Process) -> None:
+        beat.stop()  # as registered() does on the way out, then:
+        deregister_process(DB, process.pk, "stopped")
+
+    process, lifecycle = beat_meeting(monkeypatch, stop_then_deregister)
     assert not Process.objects.filter(pk=process.pk).exists()
     assert lifecycle.pruned is False
     assert not lifecycle.stopping.is_set()
@@ -58,15 +68,10 @@ def test_a_beat_that_finds_its_row_deregistered_at_a_stop_is_not_a_prune(monkeyp
 
 def test_a_beat_that_finds_its_row_pruned_while_running_stops_the_process(monkeypatch):
     """The twin: not stopping, row deleted by someone else: a prune, reported."""
-    process = register_process(DB, Process.Kind.WORKER)
-    lifecycle = Lifecycle()
-    entered, release = beat_held_until_released(monkeypatch)
-    beat = Heartbeat(DB, process.pk, 0.01, lifecycle)
-    beat.start()
-    assert entered.wait(10), "no beat came"
-    Process.objects.filter(pk=process.pk).delete()  # a dispatcher's prune
-    release.set()
-    beat.join(10)
-    assert not beat.is_alive()
+
+    def prune(beat: Heartbeat, process: Process) -> None:
+        Process.objects.filter(pk=process.pk).delete()  # as a dispatcher's prune does
+
+    _, lifecycle = beat_meeting(monkeypatch, prune)
     assert lifecycle.pruned is True
     assert lifecycle.stopping.is_set()
