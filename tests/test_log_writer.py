@@ -155,6 +155,11 @@ def test_a_forked_child_writes_its_own_lines_not_its_parents(make_logger, tmp_pa
         logger, handler = make_logger(stream, interval=3600)
         logger.info("parent first")  # written at once: the writer then sleeps for an hour
         wait_until(lambda: path.read_text() == "MainThread parent first\n", 5, what="it")
+        # The line shows in the file before the writer's flush returns (the stream is
+        # line-buffered); a fork then would leave the child a stream lock held for ever.
+        # The handler's lock covers the write and the flush: once we hold it, both are done.
+        with handler.lock:
+            pass
         logger.info("parent before the fork")  # held
         pid = os.fork()
         if pid == 0:  # the child: exits as run_jobs' children exit at a second signal
