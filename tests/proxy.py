@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+from tests.harness import wait_until
 
 
 class CuttableProxy:
@@ -103,16 +104,13 @@ class CuttableProxy:
                 f" WHERE SUBSTRING_INDEX(host, ':', -1) IN ({marks})"
             )
             params = [str(port) for port in ports]
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def none_left() -> bool:
             with connection.cursor() as cursor:
                 cursor.execute(sql, params)
-                (left,) = cursor.fetchone()
-            if not left:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{left} sessions cut at the proxy still open on the server")
-            time.sleep(0.02)
+                return cursor.fetchone()[0] == 0
+
+        wait_until(none_left, timeout, 0.02, what="the sessions cut at the proxy ended")
 
     def restore(self) -> None:
         self.refusing = False

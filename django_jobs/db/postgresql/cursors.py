@@ -42,12 +42,7 @@ def bound_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
     alone. Unprepared, the parameters still travel apart, never quoted into the
     statement's text by Python: a tenth of a worker's CPU per no-op job went to that.
     """
-    if ServerBindingCursor is None:
-        return connection.cursor()
-    connection.ensure_connection()
-    raw = connection.connection
-    cursor = ServerBindingCursor(raw)  # type: ignore[call-arg]  # psycopg's Cursor(connection)
-    return connection._prepare_cursor(cursor)  # type: ignore[attr-defined]  # what cursor() does
+    return wrapped(connection, ServerBindingCursor)
 
 
 def unprepared_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
@@ -65,8 +60,14 @@ def unprepared_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
     the tables as they are. Statements that run only when there are jobs (a start,
     a finish) keep :func:`bound_cursor`: they are first planned with rows present.
     """
-    if NeverPreparedCursor is None:
+    return wrapped(connection, NeverPreparedCursor)
+
+
+def wrapped(connection: BaseDatabaseWrapper, cursor_class: Any) -> CursorWrapper:
+    """A ``cursor_class`` cursor on the connection, wrapped as Django wraps its own;
+    Django's own cursor where psycopg 3 is missing (``cursor_class`` None)."""
+    if cursor_class is None:
         return connection.cursor()
     connection.ensure_connection()
-    cursor = NeverPreparedCursor(connection.connection)  # type: ignore[call-arg]  # as above
-    return connection._prepare_cursor(cursor)  # type: ignore[attr-defined]  # as bound_cursor
+    cursor = cursor_class(connection.connection)  # psycopg's Cursor(connection)
+    return connection._prepare_cursor(cursor)  # type: ignore[attr-defined]  # what cursor() does
