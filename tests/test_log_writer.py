@@ -156,10 +156,7 @@ def test_a_forked_child_writes_its_own_lines_not_its_parents(make_logger, tmp_pa
         logger.info("parent first")  # written at once: the writer then sleeps for an hour
         wait_until(lambda: path.read_text() == "MainThread parent first\n", 5, what="it")
         # The line shows in the file before the writer's flush returns (the stream is
-        # line-buffered); a fork then would leave the child a stream lock held for ever.
-        # The handler's lock covers the write and the flush: once we hold it, both are done.
-        with handler.lock:
-            pass
+        # line-buffered): the fork below waits for that flush (the next test forces it).
         logger.info("parent before the fork")  # held
         pid = os.fork()
         if pid == 0:  # the child: exits as run_jobs' children exit at a second signal
@@ -177,6 +174,81 @@ def test_a_forked_child_writes_its_own_lines_not_its_parents(make_logger, tmp_pa
         "MainThread child",
         "MainThread parent before the fork",
     ]
+
+
+class LockingStream(io.StringIO):
+    """A stream that holds a lock of its own inside every write, as a file's buffered
+    writer does; a write can be held there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = threading.Lock()
+        self.entered = threading.Event()
+        self.hold = threading.Event()
+        self.hold.set()
+
+    def write(self, text: str) -> int:
+        with self.inner:
+            self.entered.set()
+            self.hold.wait()
+            return super().write(text)
+
+
+class WatchedLock:
+    """A handler's lock that tells when one given thread asks for it."""
+
+    def __init__(self, lock, thread_id: int) -> None:
+        self.lock = lock
+        self.thread_id = thread_id
+        self.asked = threading.Event()
+
+    def acquire(self, *args, **kwargs) -> bool:
+        if threading.get_ident() == self.thread_id:
+            self.asked.set()
+        return self.lock.acquire(*args, **kwargs)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+    def _at_fork_reinit(self) -> None:  # what logging's own fork hook calls in a child
+        self.lock._at_fork_reinit()
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_fork_waits_for_the_write_under_way_so_the_child_can_write(make_logger):
+    """run_jobs' warm parent is a fork of the supervisor, whose writer may be inside a
+    write right then; the child must not get the stream's lock held by a thread it lacks."""
+    stream = LockingStream()
+    logger, handler = make_logger(stream, interval=0.0)
+    stream.hold.clear()
+    logger.info("under way at the fork")
+    assert stream.entered.wait(5)  # the writer is inside write(), holding the stream's lock
+    watched = WatchedLock(handler.lock, threading.get_ident())
+    handler.lock = watched
+    # The write ends once the fork asks for the handler's lock. A fork that never asks
+    # goes on at once, with the stream's lock held by the writer.
+    releaser = threading.Thread(target=lambda: (watched.asked.wait(5), stream.hold.set()))
+    releaser.start()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 3 if stream.inner.locked() else 0
+        finally:
+            os._exit(code)
+    releaser.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child got the stream's lock held"
+    assert watched.asked.is_set()
+    logger.info("after the fork")  # the parent's writer and lock carry on
+    both = ["MainThread under way at the fork", "MainThread after the fork"]
+    wait_until(lambda: lines_of(stream) == both, 5, what="both lines")
 
 
 def test_a_failing_report_of_a_failed_write_does_not_end_the_writer(make_logger, monkeypatch):

@@ -15,6 +15,7 @@ from typing import TextIO
 from django.conf import settings
 
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+FORK_WAIT = 1.0  # seconds a fork waits for a log writer that is inside a write
 
 
 class WithoutDjangosTaskEvents(logging.Filter):
@@ -92,18 +93,53 @@ class BufferedStreamHandler(logging.StreamHandler):
         super().__init__(stream)
         self.interval = interval
         self.max_lines = max_lines
+        self.held_for_fork = False
         self.start_writing()
         ours = weakref.ref(self)
 
-        def after_fork() -> None:
-            # A forked child (run_jobs' worker processes) has no writer thread, and holds
-            # a copy of lines that its parent's thread writes: it starts afresh.
+        def before_fork() -> None:
             handler = ours()
             if handler is not None:
+                handler.hold_for_fork()
+
+        def after_fork_in_parent() -> None:
+            handler = ours()
+            if handler is not None:
+                handler.let_go_after_fork()
+
+        def after_fork() -> None:
+            # A forked child (run_jobs' worker processes) has no writer thread, and holds
+            # a copy of lines that its parent's thread writes: it starts afresh. Its copy
+            # of the handler's lock is already a new, free one (logging's own fork hook).
+            handler = ours()
+            if handler is not None:
+                handler.held_for_fork = False
                 handler.start_writing()
 
-        os.register_at_fork(after_in_child=after_fork)
+        os.register_at_fork(
+            before=before_fork, after_in_parent=after_fork_in_parent, after_in_child=after_fork
+        )
         BUFFERED.add(self)
+
+    def hold_for_fork(self) -> None:
+        """Wait for the writer to be out of the stream before a fork, and keep it out.
+
+        A file's buffered writer holds a lock of its own inside every write and flush.
+        Forked in that moment, the child gets that lock held by a thread it does not
+        have, and its first line hangs it for ever: ``run_jobs``' warm parent forks
+        the supervisor, whose writer may be writing its first lines, and every worker
+        is a fork of that fork. The handler's lock covers each write and flush, so
+        holding it across the fork is enough. A writer stuck on a stream that does not
+        drain is waited for a second, then the fork goes on without it (a child would
+        wait on that stream anyway).
+        """
+        lock = self.lock
+        self.held_for_fork = lock is not None and lock.acquire(timeout=FORK_WAIT)
+
+    def let_go_after_fork(self) -> None:
+        if self.held_for_fork:
+            self.held_for_fork = False
+            self.lock.release()  # type: ignore[union-attr]
 
     def start_writing(self) -> None:
         self.lines: collections.deque[str] = collections.deque()
