@@ -13,6 +13,8 @@ from django.db import models
 from django.tasks import TaskResultStatus
 from django.utils import timezone
 
+from django_jobs.db.indexes import NotNullIndex
+
 
 class JobStatus(models.TextChoices):
     SCHEDULED = "scheduled", "Scheduled"
@@ -170,7 +172,7 @@ class Job(models.Model):
     unique_key = models.CharField(max_length=255, null=True, blank=True)
     # The same key while the job is covered (see ``unique_until``), NULL after: the unique
     # index on this column, not a read-then-insert, is what refuses a second such job.
-    unique_lock = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    unique_lock = models.CharField(max_length=255, null=True, blank=True)
     unique_until = models.CharField(
         max_length=8, choices=UniqueUntil.choices, null=True, blank=True
     )
@@ -178,6 +180,7 @@ class Job(models.Model):
         Batch,
         on_delete=models.DO_NOTHING,
         db_constraint=False,
+        db_index=False,  # jobs_job_batch, of the jobs that have one
         null=True,
         blank=True,
         related_name="jobs",
@@ -188,7 +191,7 @@ class Job(models.Model):
         Workflow,
         on_delete=models.DO_NOTHING,
         db_constraint=False,
-        db_index=False,  # jobs_job_workflow leads with it
+        db_index=False,  # jobs_job_workflow_nodes leads with it
         null=True,
         blank=True,
         related_name="jobs",
@@ -217,9 +220,15 @@ class Job(models.Model):
             # index per column (``varchar_pattern_ops``, for LIKE), which no query of ours
             # uses and every enqueue wrote.
             models.Index(fields=["task_path"], name="jobs_job_task_path"),
-            models.Index(fields=["concurrency_key"], name="jobs_job_concurrency_key"),
-            models.Index(fields=["unique_key"], name="jobs_job_unique_key"),
-            models.Index(fields=["workflow", "status"], name="jobs_job_workflow"),
+            # Of the jobs that have one: see NotNullIndex.
+            NotNullIndex(fields=["concurrency_key"], name="jobs_job_concurrency_keyed"),
+            NotNullIndex(fields=["unique_key"], name="jobs_job_unique_keyed"),
+            NotNullIndex(fields=["workflow", "status"], name="jobs_job_workflow_nodes"),
+            NotNullIndex(fields=["batch"], name="jobs_job_batch"),
+        ]
+        constraints = [
+            # A constraint, not ``unique=True``: on PostgreSQL that adds a LIKE index too.
+            models.UniqueConstraint(fields=["unique_lock"], name="jobs_job_unique_lock"),
         ]
 
     def __str__(self) -> str:
@@ -246,7 +255,7 @@ class ReadyExecution(models.Model):
             models.Index(fields=["queue_name", "-priority", "job"], name="jobs_ready_poll"),
             # The claim order of a worker serving "*": no queue to narrow by.
             models.Index(fields=["-priority", "job"], name="jobs_ready_order"),
-            models.Index(fields=["concurrency_key"], name="jobs_ready_key"),
+            NotNullIndex(fields=["concurrency_key"], name="jobs_ready_keyed"),
         ]
 
     def __str__(self) -> str:
@@ -414,7 +423,7 @@ class ClaimedExecution(models.Model):
 
     class Meta:
         indexes = [
-            models.Index(fields=["concurrency_key"], name="jobs_claimed_key"),
+            NotNullIndex(fields=["concurrency_key"], name="jobs_claimed_keyed"),
             models.Index(fields=["queue_name"], name="jobs_claimed_queue"),
         ]
 
