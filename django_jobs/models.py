@@ -13,7 +13,7 @@ from django.db import models
 from django.tasks import TaskResultStatus
 from django.utils import timezone
 
-from django_jobs.db.indexes import NotNullIndex
+from django_jobs.db.indexes import NotNullIndex, NotNullUniqueConstraint
 
 
 class JobStatus(models.TextChoices):
@@ -228,7 +228,7 @@ class Job(models.Model):
         ]
         constraints = [
             # A constraint, not ``unique=True``: on PostgreSQL that adds a LIKE index too.
-            models.UniqueConstraint(fields=["unique_lock"], name="jobs_job_unique_lock"),
+            NotNullUniqueConstraint(fields=["unique_lock"], name="jobs_job_unique_lock"),
         ]
 
     def __str__(self) -> str:

@@ -35,3 +35,41 @@ class NotNullIndex(models.Index):
         first = self.fields[0].lstrip("-")
         partial = models.Index(*args, **options, condition=Q(**{f"{first}__isnull": False}))
         return partial.create_sql(model, schema_editor, using=using, **kwargs)
+
+
+class NotNullUniqueConstraint(models.UniqueConstraint):
+    """A unique constraint on one field, whose index leaves out the rows where it is NULL
+    on databases with partial indexes (PostgreSQL, SQLite): two NULLs never conflict, so
+    what it refuses is the same everywhere.
+
+    ``Job.unique_lock`` is NULL for every job that is not unique, or no longer covered;
+    a full unique index wrote that NULL at each enqueue, claim and finish (see
+    :class:`NotNullIndex`). Not ``UniqueConstraint(condition=...)``: MySQL/MariaDB cannot
+    build that, and Django then builds nothing, with a warning (``models.W036``).
+    """
+
+    def where_supported(self, schema_editor: Any) -> models.UniqueConstraint:
+        """This constraint as the database builds it: with its condition where it can."""
+        if not schema_editor.connection.features.supports_partial_indexes:
+            return self
+        _, args, options = self.deconstruct()
+        (field,) = self.fields
+        return models.UniqueConstraint(*args, **options, condition=Q(**{f"{field}__isnull": False}))
+
+    def constraint_sql(self, model: type[models.Model], schema_editor: Any) -> Any:
+        built = self.where_supported(schema_editor)
+        if built is self:
+            return super().constraint_sql(model, schema_editor)
+        return built.constraint_sql(model, schema_editor)
+
+    def create_sql(self, model: type[models.Model], schema_editor: Any) -> Any:
+        built = self.where_supported(schema_editor)
+        if built is self:
+            return super().create_sql(model, schema_editor)
+        return built.create_sql(model, schema_editor)
+
+    def remove_sql(self, model: type[models.Model], schema_editor: Any) -> Any:
+        built = self.where_supported(schema_editor)
+        if built is self:
+            return super().remove_sql(model, schema_editor)
+        return built.remove_sql(model, schema_editor)

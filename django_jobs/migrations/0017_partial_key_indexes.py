@@ -1,6 +1,7 @@
 """The indexes of the mostly-NULL columns hold only the rows with a value, where the database
-has partial indexes (PostgreSQL, SQLite; see ``django_jobs.db.indexes.NotNullIndex``), and
-``unique_lock`` loses the LIKE index that ``unique=True`` gave it on PostgreSQL.
+has partial indexes (PostgreSQL, SQLite; see ``django_jobs.db.indexes.NotNullIndex``); so
+does ``unique_lock``'s unique index (``NotNullUniqueConstraint``), which also loses the LIKE
+index that ``unique=True`` gave it on PostgreSQL.
 
 Each new index, and the new unique constraint, is built before the one it replaces is
 dropped: MySQL/MariaDB's DDL is not transactional, so the key is never unguarded there, and
@@ -42,7 +43,7 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddConstraint(
             model_name="job",
-            constraint=models.UniqueConstraint(
+            constraint=django_jobs.db.indexes.NotNullUniqueConstraint(
                 fields=("unique_lock",), name="jobs_job_unique_lock"
             ),
         ),
