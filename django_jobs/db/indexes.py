@@ -56,19 +56,19 @@ class NotNullUniqueConstraint(models.UniqueConstraint):
         (field,) = self.fields
         return models.UniqueConstraint(*args, **options, condition=Q(**{f"{field}__isnull": False}))
 
-    def constraint_sql(self, model: type[models.Model], schema_editor: Any) -> Any:
+    def constraint_sql(self, model: type[models.Model] | None, schema_editor: Any) -> Any:
         built = self.where_supported(schema_editor)
         if built is self:
             return super().constraint_sql(model, schema_editor)
         return built.constraint_sql(model, schema_editor)
 
-    def create_sql(self, model: type[models.Model], schema_editor: Any) -> Any:
+    def create_sql(self, model: type[models.Model] | None, schema_editor: Any) -> Any:
         built = self.where_supported(schema_editor)
         if built is self:
             return super().create_sql(model, schema_editor)
         return built.create_sql(model, schema_editor)
 
-    def remove_sql(self, model: type[models.Model], schema_editor: Any) -> Any:
+    def remove_sql(self, model: type[models.Model] | None, schema_editor: Any) -> Any:
         built = self.where_supported(schema_editor)
         if built is self:
             return super().remove_sql(model, schema_editor)
