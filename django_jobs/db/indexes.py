@@ -29,12 +29,8 @@ class NotNullIndex(models.Index):
     def create_sql(
         self, model: type[models.Model], schema_editor: Any, using: str = "", **kwargs: Any
     ) -> Any:
-        if not schema_editor.connection.features.supports_partial_indexes:
-            return super().create_sql(model, schema_editor, using=using, **kwargs)
-        _, args, options = self.deconstruct()
-        first = self.fields[0].lstrip("-")
-        partial = models.Index(*args, **options, condition=Q(**{f"{first}__isnull": False}))
-        return partial.create_sql(model, schema_editor, using=using, **kwargs)
+        built = as_built(self, models.Index, schema_editor)
+        return built.create_sql(model, schema_editor, using=using, **kwargs)
 
 
 class NotNullUniqueConstraint(models.UniqueConstraint):
@@ -48,28 +44,29 @@ class NotNullUniqueConstraint(models.UniqueConstraint):
     build that, and Django then builds nothing, with a warning (``models.W036``).
     """
 
-    def where_supported(self, schema_editor: Any) -> models.UniqueConstraint:
-        """This constraint as the database builds it: with its condition where it can."""
-        if not schema_editor.connection.features.supports_partial_indexes:
-            return self
-        _, args, options = self.deconstruct()
-        (field,) = self.fields
-        return models.UniqueConstraint(*args, **options, condition=Q(**{f"{field}__isnull": False}))
-
     def constraint_sql(self, model: type[models.Model] | None, schema_editor: Any) -> Any:
-        built = self.where_supported(schema_editor)
-        if built is self:
-            return super().constraint_sql(model, schema_editor)
-        return built.constraint_sql(model, schema_editor)
+        return as_built(self, models.UniqueConstraint, schema_editor).constraint_sql(
+            model, schema_editor
+        )
 
     def create_sql(self, model: type[models.Model] | None, schema_editor: Any) -> Any:
-        built = self.where_supported(schema_editor)
-        if built is self:
-            return super().create_sql(model, schema_editor)
-        return built.create_sql(model, schema_editor)
+        return as_built(self, models.UniqueConstraint, schema_editor).create_sql(
+            model, schema_editor
+        )
 
     def remove_sql(self, model: type[models.Model] | None, schema_editor: Any) -> Any:
-        built = self.where_supported(schema_editor)
-        if built is self:
-            return super().remove_sql(model, schema_editor)
-        return built.remove_sql(model, schema_editor)
+        return as_built(self, models.UniqueConstraint, schema_editor).remove_sql(
+            model, schema_editor
+        )
+
+
+def as_built[T: (models.Index, models.UniqueConstraint)](
+    declared: T, django_class: type[T], schema_editor: Any
+) -> T:
+    """``declared`` as Django's own class, with the condition ``<first field> IS NOT NULL``
+    where the database has partial indexes: what Django then builds, alters and drops."""
+    _, args, options = declared.deconstruct()
+    if schema_editor.connection.features.supports_partial_indexes:
+        first = declared.fields[0].lstrip("-")
+        options["condition"] = Q(**{f"{first}__isnull": False})
+    return django_class(*args, **options)
