@@ -14,6 +14,7 @@ from django.tasks import TaskResultStatus
 from django.utils import timezone
 
 from django_jobs.db.indexes import NotNullIndex, NotNullUniqueConstraint
+from django_jobs.db.lookups import exact_prefixes
 
 
 class JobStatus(models.TextChoices):
@@ -582,3 +583,22 @@ class RateLimitedKey(RateLimit):
         proxy = True
         verbose_name = "rate-limited key"
         default_permissions = ()
+
+
+# A queue name compares exactly on every database, a ``prefix*`` pattern's too (db/lookups.py).
+exact_prefixes(
+    *(
+        model._meta.get_field("queue_name")
+        for model in (
+            Job,
+            ReadyExecution,
+            ScheduledExecution,
+            BlockedExecution,
+            AwaitingExecution,
+            ClaimedExecution,
+            QueueLock,
+            Pause,
+            RecurringTask,
+        )
+    )
+)
