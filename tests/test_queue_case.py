@@ -8,6 +8,7 @@ wrong)."""
 from __future__ import annotations
 
 from importlib import import_module
+from types import SimpleNamespace
 
 import pytest
 from django.apps import apps
@@ -88,21 +89,15 @@ def test_every_queue_column_has_the_key_columns_binary_collation():
     """Every queue column and recurring key compares by bytes, all of them alike and alike
     with the key columns (0016): a later migration altering one of these fields must keep
     its collation."""
-    queue_columns = import_module("django_jobs.migrations.0018_mysql_binary_queue_names")
-    key_columns = import_module("django_jobs.migrations.0016_mysql_binary_keys").KEY_COLUMNS
-    found = set()
-    with connection.cursor() as cursor:
-        for by_model in (queue_columns.QUEUE_COLUMNS, key_columns):
-            for model_name, column_names in by_model.items():
-                table = apps.get_model("django_jobs", model_name)._meta.db_table
-                for name in column_names:
-                    cursor.execute(
-                        "SELECT collation_name FROM information_schema.columns "
-                        "WHERE table_schema = DATABASE() AND table_name = %s "
-                        "AND column_name = %s",
-                        [table, name],
-                    )
-                    found.add(cursor.fetchone()[0])
+    # Each migration's own reading of its columns (it takes a schema editor for its connection).
+    editor = SimpleNamespace(connection=connection)
+    found = {
+        collation
+        for migration in ("0016_mysql_binary_keys", "0018_mysql_binary_queue_names")
+        for *_, collation in import_module(f"django_jobs.migrations.{migration}").columns(
+            apps, editor
+        )
+    }
     assert len(found) == 1
     (collation,) = found
     assert collation.endswith("_bin")

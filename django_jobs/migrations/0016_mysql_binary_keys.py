@@ -44,11 +44,12 @@ def binary_collation(cursor, charset: str) -> str | None:
     return None
 
 
-def columns(apps, schema_editor):
-    """Each key column's table, name, type, nullability, character set and collation."""
+def columns(apps, schema_editor, by_model=KEY_COLUMNS):
+    """Each column's table, name, type, nullability, character set and collation: the key
+    columns, or those of ``by_model`` (migration 0018 gives queue names the same)."""
     found = []
     with schema_editor.connection.cursor() as cursor:
-        for model_name, names in KEY_COLUMNS.items():
+        for model_name, names in by_model.items():
             table = apps.get_model("django_jobs", model_name)._meta.db_table
             for name in names:
                 cursor.execute(
@@ -70,29 +71,31 @@ def modify(schema_editor, table, name, kind, nullable, charset, collation) -> No
     )
 
 
-def binary_keys(apps, schema_editor) -> None:
+def binary_keys(apps, schema_editor, by_model=KEY_COLUMNS) -> bool:
+    """Returns whether the columns have a binary collation now."""
     if schema_editor.connection.vendor != "mysql":
-        return
-    found = columns(apps, schema_editor)
+        return False
+    found = columns(apps, schema_editor, by_model)
     # One collation for all of them: the first column's character set's, so a database
     # whose tables differ in character set still gets columns that compare with each other.
     charset = found[0][4]
     with schema_editor.connection.cursor() as cursor:
         collation = binary_collation(cursor, charset)
     if collation is None:
-        return
+        return False
     for table, name, kind, nullable, _, current in found:
         if current != collation:
             modify(schema_editor, table, name, kind, nullable, charset, collation)
+    return True
 
 
-def default_keys(apps, schema_editor) -> None:
+def default_keys(apps, schema_editor, by_model=KEY_COLUMNS) -> None:
     """Back to each table's default collation (fails where keys now differing only in
     case would collide in a unique index: the server says which)."""
     if schema_editor.connection.vendor != "mysql":
         return
     with schema_editor.connection.cursor() as cursor:
-        for table, name, kind, nullable, _, _ in columns(apps, schema_editor):
+        for table, name, kind, nullable, _, _ in columns(apps, schema_editor, by_model):
             cursor.execute(
                 "SELECT table_collation FROM information_schema.tables "
                 "WHERE table_schema = DATABASE() AND table_name = %s",

@@ -41,61 +41,24 @@ QUEUE_COLUMNS = {
 }
 
 
-def columns(apps, schema_editor) -> list[tuple]:
-    """Each column's table, name, type, nullability, character set and collation."""
-    found = []
-    with schema_editor.connection.cursor() as cursor:
-        for model_name, names in QUEUE_COLUMNS.items():
-            table = apps.get_model("django_jobs", model_name)._meta.db_table
-            for name in names:
-                cursor.execute(
-                    "SELECT column_type, is_nullable, character_set_name, collation_name "
-                    "FROM information_schema.columns "
-                    "WHERE table_schema = DATABASE() AND table_name = %s AND column_name = %s",
-                    [table, name],
-                )
-                kind, nullable, charset, collation = cursor.fetchone()
-                found.append((table, name, kind, nullable == "YES", charset, collation))
-    return found
-
-
 def binary_queue_names(apps, schema_editor) -> None:
-    if schema_editor.connection.vendor != "mysql":
-        return
-    found = columns(apps, schema_editor)
-    # One collation for all of them, chosen as 0016 chose the keys': the first column's
-    # character set's binary one, no pad where the server has it.
-    charset = found[0][4]
-    with schema_editor.connection.cursor() as cursor:
-        collation = binary_keys.binary_collation(cursor, charset)
-    if collation is None:
-        return
-    for table, name, kind, nullable, _, current in found:
-        if current != collation:
-            binary_keys.modify(schema_editor, table, name, kind, nullable, charset, collation)
-    claim_procedure.create_procedure(apps, schema_editor)
+    """0016's change, for these columns (one collation for all of them, the first column's
+    character set's binary one, no pad where the server has it); then the claim procedure."""
+    if binary_keys.binary_keys(apps, schema_editor, QUEUE_COLUMNS):
+        claim_procedure.create_procedure(apps, schema_editor)
 
 
 def default_queue_names(apps, schema_editor) -> None:
     """Back to each table's default collation, and the claim procedure with it."""
     if schema_editor.connection.vendor != "mysql":
         return
-    with schema_editor.connection.cursor() as cursor:
-        for table, name, kind, nullable, _, _ in columns(apps, schema_editor):
-            cursor.execute(
-                "SELECT table_collation FROM information_schema.tables "
-                "WHERE table_schema = DATABASE() AND table_name = %s",
-                [table],
-            )
-            (default,) = cursor.fetchone()
-            cursor.execute(
-                "SELECT character_set_name FROM information_schema.collations "
-                "WHERE collation_name = %s",
-                [default],
-            )
-            (default_charset,) = cursor.fetchone()
-            binary_keys.modify(schema_editor, table, name, kind, nullable, default_charset, default)
+    binary_keys.default_keys(apps, schema_editor, QUEUE_COLUMNS)
     claim_procedure.create_procedure(apps, schema_editor)
+
+
+def columns(apps, schema_editor) -> list[tuple]:
+    """Each column's table, name, type, nullability, character set and collation."""
+    return binary_keys.columns(apps, schema_editor, QUEUE_COLUMNS)
 
 
 class Migration(migrations.Migration):
