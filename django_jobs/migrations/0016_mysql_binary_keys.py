@@ -71,10 +71,9 @@ def modify(schema_editor, table, name, kind, nullable, charset, collation) -> No
     )
 
 
-def binary_keys(apps, schema_editor, by_model=KEY_COLUMNS) -> bool:
-    """Returns whether the columns have a binary collation now."""
+def binary_keys(apps, schema_editor, by_model=KEY_COLUMNS) -> None:
     if schema_editor.connection.vendor != "mysql":
-        return False
+        return
     found = columns(apps, schema_editor, by_model)
     # One collation for all of them: the first column's character set's, so a database
     # whose tables differ in character set still gets columns that compare with each other.
@@ -82,11 +81,10 @@ def binary_keys(apps, schema_editor, by_model=KEY_COLUMNS) -> bool:
     with schema_editor.connection.cursor() as cursor:
         collation = binary_collation(cursor, charset)
     if collation is None:
-        return False
+        return
     for table, name, kind, nullable, _, current in found:
         if current != collation:
             modify(schema_editor, table, name, kind, nullable, charset, collation)
-    return True
 
 
 def default_keys(apps, schema_editor, by_model=KEY_COLUMNS) -> None:

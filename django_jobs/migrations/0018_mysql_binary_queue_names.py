@@ -44,8 +44,10 @@ QUEUE_COLUMNS = {
 def binary_queue_names(apps, schema_editor) -> None:
     """0016's change, for these columns (one collation for all of them, the first column's
     character set's binary one, no pad where the server has it); then the claim procedure."""
-    if binary_keys.binary_keys(apps, schema_editor, QUEUE_COLUMNS):
-        claim_procedure.create_procedure(apps, schema_editor)
+    if schema_editor.connection.vendor != "mysql":
+        return
+    binary_keys.binary_keys(apps, schema_editor, QUEUE_COLUMNS)
+    claim_procedure.create_procedure(apps, schema_editor)
 
 
 def default_queue_names(apps, schema_editor) -> None:
