@@ -18,6 +18,7 @@ from django_jobs.core.operator import pause_queue, resume_queue
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.ready import claim_jobs
+from django_jobs.db.lookups import ExactStartsWith
 from django_jobs.models import Job, RecurringTask
 from tests.factories import ReadyExecutionFactory
 from tests.test_key_case import no_pad
@@ -75,12 +76,29 @@ def test_a_pause_holds_one_queue_only():
 @pytest.mark.django_db
 def test_recurring_tasks_whose_keys_differ_only_in_case_are_two_tasks():
     for key in names():
-        with transaction.atomic():
-            RecurringTask.objects.create(key=key, task_path="tests.tasks.add", schedule="@hourly")
+        RecurringTask.objects.create(key=key, task_path="tests.tasks.add", schedule="@hourly")
     assert sorted(RecurringTask.objects.values_list("key", flat=True)) == sorted(names())
     # The same key again is refused: the unique key still holds.
     with pytest.raises(IntegrityError), transaction.atomic():
         RecurringTask.objects.create(key="emails", task_path="tests.tasks.add", schedule="@daily")
+
+
+def test_every_queue_name_field_has_both_fixes():
+    """models.py's list of the queue name fields and migration 0018's columns name the same
+    fields: a model given a ``queue_name`` later needs both (the exact prefix everywhere,
+    the binary collation on MySQL/MariaDB)."""
+    queue_columns = import_module("django_jobs.migrations.0018_mysql_binary_queue_names")
+    fields = [
+        field
+        for model in apps.get_app_config("django_jobs").get_models()
+        if not model._meta.proxy
+        for field in model._meta.concrete_fields
+        if field.name == "queue_name"
+    ]
+    assert {field.model.__name__ for field in fields} == {
+        model for model, names in queue_columns.QUEUE_COLUMNS.items() if "queue_name" in names
+    }
+    assert all(field.get_lookup("startswith") is ExactStartsWith for field in fields)
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL/MariaDB's collations")

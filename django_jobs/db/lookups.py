@@ -22,7 +22,9 @@ class ExactStartsWith(StartsWith):
             return super().as_sql(compiler, connection)
         lhs, lhs_params = self.process_lhs(compiler, connection)
         prefix = str(self.rhs)
-        return f"substr({lhs}, 1, length(%s)) = %s", [*lhs_params, prefix, prefix]
+        # Its length from Python (code points, as substr() counts them): SQLite's length()
+        # stops at a NUL.
+        return f"substr({lhs}, 1, %s) = %s", [*lhs_params, len(prefix), prefix]
 
 
 def exact_prefixes(*fields: Field) -> None:
