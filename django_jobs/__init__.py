@@ -43,6 +43,8 @@ def bulk_enqueue(calls: Iterable[Call], *, backend: str | None = None) -> list[T
     """Enqueue ``[(task, args, kwargs), ...]`` in one transaction and a few queries.
 
     Every task must use the same backend (``backend`` defaults to the first task's).
+    Under another backend than ours (Django's in test settings), each call is enqueued
+    in turn with ``task.enqueue``.
     """
     from django.tasks import task_backends
 
@@ -56,7 +58,9 @@ def bulk_enqueue(calls: Iterable[Call], *, backend: str | None = None) -> list[T
         raise ValueError("bulk_enqueue() takes tasks of one backend at a time")
     target = task_backends[alias]
     if not hasattr(target, "bulk_enqueue"):
-        raise TypeError(f"Task backend {alias!r} is not a django-jobs backend")
+        # Another backend (Django's ImmediateBackend or DummyBackend in test settings):
+        # each call enqueued in turn, as that backend enqueues one.
+        return [task.enqueue(*args, **kwargs) for task, args, kwargs in calls]
     return target.bulk_enqueue(calls)
 
 

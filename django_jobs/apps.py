@@ -12,3 +12,7 @@ class DjangoJobsConfig(AppConfig):
         from django_jobs.core.workflows import install_follow_ups
 
         install_follow_ups()
+        # Our tasks under Django's own backends (test settings): know when one runs.
+        from django_jobs.tasks.other_backends import connect
+
+        connect()

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django.tasks import Task, TaskResult
+from django.tasks.backends import dummy, immediate
 from django.tasks.exceptions import TaskResultDoesNotExist
 
 from django_jobs.checks import backend_checks
@@ -68,3 +69,20 @@ class JobsBackend(JobsBackendBase):
             raise TaskResultDoesNotExist(result_id) from None
         failures = FailedExecution.objects.using(db).filter(job_id=pk)
         return build_result(job, failures)
+
+
+class ImmediateBackend(immediate.ImmediateBackend):
+    """Django's ``ImmediateBackend`` whose tasks are :class:`JobTask`: on Django 6.1,
+    ``django.tasks.task`` hands a backend's ``task_class`` the options it is given, and
+    Django's own class takes none of ours. For test settings whose tasks declare our
+    options with ``django.tasks.task`` (``django_jobs.task`` needs no such backend):
+    each runs at its enqueue, the options ignored (docs/testing.md)."""
+
+    task_class = JobTask
+
+
+class DummyBackend(dummy.DummyBackend):
+    """Django's ``DummyBackend`` (enqueued, never run) whose tasks are :class:`JobTask`,
+    for the same reason as :class:`ImmediateBackend`."""
+
+    task_class = JobTask

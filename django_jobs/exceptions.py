@@ -91,3 +91,16 @@ class DependencyFailed(Exception):
 class InvalidDependency(InvalidTask):
     """An ``after=`` the enqueue refuses: a job that does not exist, one in another
     database, or a graph with a cycle. Nothing is enqueued."""
+
+
+class NeedsJobsBackend(InvalidTask, TypeError):
+    """A call that only a django-jobs backend can carry out (a workflow, a batch, ``after=``)
+    made with a task whose backend is another one, such as Django's ``ImmediateBackend``
+    in a project's test settings. Nothing is enqueued. A ``TypeError`` too, as the
+    refusal was before it had a class of its own."""
+
+
+class IgnoredJobOptions(UserWarning):
+    """Tasks declared with django-jobs options whose backend is not django-jobs' (Django's
+    ``ImmediateBackend`` or ``DummyBackend`` in test settings): the tasks import and run,
+    and the options are ignored. Warned once per process (docs/testing.md)."""

@@ -87,6 +87,20 @@ TASKS = {
     }
 }
 
+# Django's own test backends instead of ours (tests/test_other_backends.py): "immediate" or
+# "dummy" (Django's classes), "jobs-immediate" or "jobs-dummy" (ours, whose task_class takes
+# django-jobs options through django.tasks.task).
+OTHER_TASK_BACKENDS = {
+    "immediate": "django.tasks.backends.immediate.ImmediateBackend",
+    "dummy": "django.tasks.backends.dummy.DummyBackend",
+    "jobs-immediate": "django_jobs.backend.ImmediateBackend",
+    "jobs-dummy": "django_jobs.backend.DummyBackend",
+}
+if env.str("JOBS_TASKS_BACKEND", default=""):
+    TASKS = {
+        "default": {**TASKS["default"], "BACKEND": OTHER_TASK_BACKENDS[env("JOBS_TASKS_BACKEND")]}
+    }
+
 DJANGO_JOBS = {
     "queues": env.list("JOBS_QUEUES", default=["*"]),
     "threads": env.int("JOBS_THREADS", default=3),

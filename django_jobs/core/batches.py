@@ -30,6 +30,7 @@ from django.utils import timezone
 from django_jobs.core.ready import make_ready
 from django_jobs.models import Batch, Job, JobStatus, ScheduledExecution
 from django_jobs.tasks.job_task import checked_calls
+from django_jobs.tasks.other_backends import is_ours, needs_jobs_backend
 from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.batches")
@@ -102,15 +103,21 @@ def enqueue_batch(
     return BatchResult(id=batch.pk, results=results)
 
 
-def backend_of(calls: list[tuple[Task, Any, Any]], callbacks: Mapping[str, Task | None]) -> Any:
+def backend_of(
+    calls: list[tuple[Task, Any, Any]],
+    callbacks: Mapping[str, Task | None],
+    what: str = "enqueue_batch()",
+) -> Any:
+    """The one django-jobs backend of ``calls`` and ``callbacks``; ``what`` (the caller's
+    name) is refused clearly under another backend, such as Django's in test settings."""
     aliases = {call[0].backend for call in calls}
     aliases |= {cb.backend for cb in callbacks.values() if cb is not None}
     if len(aliases) > 1:
         raise ValueError("a batch's items and callbacks must use one task backend")
     alias = aliases.pop() if aliases else "default"
     backend = task_backends[alias]
-    if not hasattr(backend, "bulk_enqueue"):
-        raise TypeError(f"Task backend {alias!r} is not a django-jobs backend")
+    if not is_ours(backend):
+        raise needs_jobs_backend(alias, what)
     return backend
 
 

@@ -227,7 +227,11 @@ class WorkflowBuilder:
             raise InvalidTask(
                 f"a workflow's tasks must use one task backend, not {', '.join(sorted(aliases))}"
             )
-        backend = backend_of(list(self.calls), {name: None for name in CALLBACK_NAMES})
+        backend = backend_of(
+            list(self.calls),
+            {name: None for name in CALLBACK_NAMES},
+            "a workflow (workflow(), chain())",
+        )
         db = backend.database
         graph = Graph(name=self.name, new=True)
         for index, items in self.after.items():
@@ -473,11 +477,16 @@ def sweep_workflows(db: str, limit: int = 100) -> int:
 def dependency_results() -> list[TaskResult]:
     """Inside a task: the results of the jobs it waited for, in its ``after`` order
     (each one's ``return_value`` is what that task returned). Empty for a job that
-    waited for nothing; raises outside a task."""
+    waited for nothing, as is every task another backend runs (it refuses ``after=``);
+    raises outside a task."""
     from django_jobs.conf import database_alias
 
     job_id = current_job_id.get()
     if job_id is None:
+        from django_jobs.tasks.other_backends import other_backend_running
+
+        if other_backend_running():
+            return []  # another backend refuses after=: its job waited for nothing
         raise RuntimeError("dependency_results() can only be called from inside a running task")
     db = database_alias()
     backend = Job.objects.using(db).filter(pk=job_id).values_list("backend", flat=True).first()

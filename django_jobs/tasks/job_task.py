@@ -38,7 +38,7 @@ from django_jobs.tasks.rates import Rate, is_rate, parse_rate, resolve_rate
 from django_jobs.text import safe_repr
 
 if TYPE_CHECKING:
-    from django.tasks import TaskContext
+    from django.tasks import TaskContext, TaskResult
 
 ConcurrencyKey = str | Callable[..., str] | None
 OnConflict = Literal["block", "discard"]
@@ -90,6 +90,7 @@ def as_dependencies(after: Any) -> tuple[Dependency, ...]:
         elif hasattr(item, "results") and not hasattr(item, "task"):  # a BatchResult
             found.extend(as_dependencies(item.results))
         elif hasattr(item, "id") and hasattr(item, "backend") and hasattr(item, "task"):
+            check_backend_is_ours(item.backend)
             found.append(Dependency(item.backend, job_id_of(item.id)))
         elif is_int(item) or isinstance(item, str):
             found.append(Dependency(None, job_id_of(item)))
@@ -98,6 +99,17 @@ def as_dependencies(after: Any) -> tuple[Dependency, ...]:
                 f"after= takes task results, batch results or job ids, not {safe_repr(item, 60)}"
             )
     return tuple(dict.fromkeys(found))  # each once, in order
+
+
+def check_backend_is_ours(alias: str) -> None:
+    """A result of another backend's (Django's ImmediateBackend in tests) is no job to
+    wait for: refused as such, not as an id that is not a number."""
+    from django.tasks import task_backends
+
+    from django_jobs.tasks.other_backends import is_ours, needs_jobs_backend
+
+    if alias in task_backends.settings and not is_ours(task_backends[alias]):
+        raise needs_jobs_backend(alias, "after=")
 
 
 def job_id_of(value: Any) -> int:
@@ -213,6 +225,26 @@ class JobTask[**P, R](TaskBase[P, R]):
             # Kept as what the enqueue reads: (backend, job id) pairs, checked here.
             chosen["after"] = as_dependencies(chosen["after"])
         return replace(base, **chosen)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskResult[P, R]:
+        """Django's ``enqueue``; a job that waits for others (``after=``) needs our backend."""
+        if self.after:
+            self.check_waiting_is_possible()
+        return Task.enqueue(self, *args, **kwargs)
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskResult[P, R]:
+        """Django's ``aenqueue``, with ``enqueue``'s check."""
+        if self.after:
+            self.check_waiting_is_possible()
+        return await Task.aenqueue(self, *args, **kwargs)
+
+    def check_waiting_is_possible(self) -> None:
+        """``after=`` under another backend (which would run the job at once, or never,
+        whatever it waits for) is refused, not ignored."""
+        from django_jobs.tasks.other_backends import is_ours, needs_jobs_backend
+
+        if not is_ours(self.get_backend()):
+            raise needs_jobs_backend(self.backend, f"{self.module_path}: after=")
 
     def resolve_concurrency_key(
         self,
@@ -533,8 +565,10 @@ def task(
     Django 6.0 as on 6.1.
 
     ``@task`` on a function, or ``@task(max_attempts=3, ...)``, makes a task of the
-    backend's ``task_class``: a :class:`JobTask` with a django-jobs backend. Another
-    backend's task class takes no options: given any, it raises ``InvalidTask``.
+    backend's ``task_class``: a :class:`JobTask` with a django-jobs backend. Under another
+    backend (Django's ``ImmediateBackend`` or ``DummyBackend`` in test settings), it makes
+    a :class:`JobTask` all the same, which that backend runs ignoring its options: one
+    ``IgnoredJobOptions`` warning per process says so (docs/testing.md).
     """
     from django.tasks import task_backends
 
@@ -544,8 +578,16 @@ def task(
 
     def wrapper(func: Callable[..., Any]) -> Task[..., Any]:
         task_class: Callable[..., Task[..., Any]] = task_backends[backend].task_class
-        if options and not issubclass(task_backends[backend].task_class, JobTask):
-            raise InvalidTask(f"Backend {backend!r} does not take django-jobs task options")
+        if not issubclass(task_backends[backend].task_class, JobTask):
+            # Another backend (Django's ImmediateBackend in test settings): the task is
+            # ours all the same (``using()`` takes our options), its options checked,
+            # and that backend ignores them.
+            if options:
+                from django_jobs.tasks.other_backends import warn_ignored_options
+
+                path = f"{func.__module__}.{func.__qualname__}"
+                warn_ignored_options(backend, path, list(options))
+            task_class = JobTask
         return task_class(
             func=func,
             priority=priority,
