@@ -6,7 +6,11 @@ that the command reaches them for exactly the jobs selected, and says what came 
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
+import subprocess
+import sys
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -35,6 +39,7 @@ from tests.factories import (
     ReadyExecutionFactory,
     ScheduledExecutionFactory,
 )
+from tests.harness import MANAGE, REPO_ROOT, database_url
 
 pytestmark = pytest.mark.django_db
 
@@ -398,3 +403,63 @@ def test_the_report_of_a_large_refusal_stays_short():
     line = next(line for line in out.splitlines() if "there is no such job" in line)
     assert line.endswith("and 990 more")
     assert len(out) < 1000
+
+
+# --- a real process: exit codes and the question on a terminal ------------------------------
+
+
+def command_env() -> dict[str, str]:
+    env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
+    env.pop("TEST_DATABASE_NAME", None)
+    return env
+
+
+def run_command(*args: str, **popen: Any) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(MANAGE), "jobs", *args],
+        cwd=REPO_ROOT,
+        env=command_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **popen,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_process_exits_with_the_documented_codes_and_asks_on_a_terminal():
+    job = failed()
+    done = run_command("retry", "--since", "nope", "--yes")
+    assert done.returncode == 2, done.stderr
+    assert "CommandError: --since 'nope' is neither a duration" in done.stderr
+    done = run_command("retry", "--no-such-option")
+    assert done.returncode == 2 and "unrecognized arguments" in done.stderr
+    done = run_command("retry", "--all", stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "not a terminal" in done.stderr
+    assert status(job) == JobStatus.FAILED
+
+    # On a terminal it asks, and reads the answer from it.
+    primary, secondary = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, str(MANAGE), "jobs", "retry", "--all"],
+            cwd=REPO_ROOT,
+            env=command_env(),
+            stdin=secondary,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        os.write(primary, b"y\n")
+        out, err = process.communicate(timeout=120)
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    assert process.returncode == 0, err
+    assert f"1 job to retry: #{job.pk}\nRetry 1 job? [y/N] Retried: 1 job.\n" == out
+    assert status(job) == JobStatus.READY
+
+    done = run_command("retry", str(job.pk), "--yes")
+    assert done.returncode == 1
+    assert f"Not retried: 1 job:\n  it is ready, not failed: #{job.pk}\n" in done.stdout
+    assert run_command("discard", str(job.pk), "--yes").returncode == 0
