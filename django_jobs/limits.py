@@ -1,4 +1,5 @@
-"""Bounds on the numbers a user declares: seconds, counts and sizes.
+"""Bounds on the numbers a user declares: seconds, counts and sizes, and the ids an operator
+types.
 
 Every delay ends up added to a ``datetime``, whose range ends in year 9999;
 ``now + timedelta(seconds=1e12)`` raises ``OverflowError`` in whatever thread
@@ -20,11 +21,25 @@ MAX_SECONDS = 100 * 366 * 86400.0
 # Attempts in all: a bigger max_attempts is a mistake, not a plan (and each attempt keeps
 # a failure row).
 MAX_ATTEMPTS = 1_000_000
+# The largest id a row can have (a signed 64-bit integer on every backend). SQLite refuses a
+# larger integer in a query with OverflowError, so neither the admin nor a command passes one
+# to the database.
+MAX_ID = 2**63 - 1
 
 
 def is_number(value: Any) -> bool:
     """An int or a float, not a bool (``True`` is an int to Python, a mistake here)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def as_id(text: str) -> int | None:
+    """``text`` as a row's id, or None if no row can have it. ``str.isdigit`` alone is True
+    for "²" (which ``int`` refuses) and "٣" (which it reads as 3); 20 digits and more are
+    past ``MAX_ID`` (and ``int`` refuses more than 4,300 of them)."""
+    if len(text) > len(str(MAX_ID)) or not (text.isascii() and text.isdigit()):
+        return None
+    number = int(text)
+    return number if number <= MAX_ID else None
 
 
 def seconds_problem(

@@ -20,6 +20,7 @@ from django.utils.translation import gettext
 
 from django_jobs.admin.permissions import can_act_on_jobs, can_view_jobs
 from django_jobs.conf import JobsSettings
+from django_jobs.limits import as_id
 
 if TYPE_CHECKING:
     # The mixins below are only ever combined with a ModelAdmin: typed as one, at run
@@ -45,24 +46,10 @@ EMPTY = "\u2013"
 # Seconds between two refreshes of a page that refreshes itself (0: never).
 REFRESH_SECONDS = 10
 
-# The largest id a row can have (a signed 64-bit integer on every backend). SQLite refuses a
-# larger integer in a query with OverflowError, so no page passes one to the database.
-MAX_ID = 2**63 - 1
-
-
-def as_id(text: str) -> int | None:
-    """``text`` as a row's id, or None if no row can have it. ``str.isdigit`` alone is True
-    for "²" (which ``int`` refuses) and "٣" (which it reads as 3); 20 digits and more are
-    past ``MAX_ID`` (and ``int`` refuses more than 4,300 of them)."""
-    if len(text) > len(str(MAX_ID)) or not (text.isascii() and text.isdigit()):
-        return None
-    number = int(text)
-    return number if number <= MAX_ID else None
-
 
 class IdConverter:
     """A row's id in a path (``jobs_id``): like Django's ``int``, but a number past
-    ``MAX_ID`` does not match (404) instead of reaching the database."""
+    ``limits.MAX_ID`` does not match (404) instead of reaching the database."""
 
     regex = "[0-9]{1,19}"
 

@@ -10,7 +10,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from django_jobs.admin.pagination import COUNT_CAP
-from django_jobs.core.dependencies import unmet_dependencies
+from django_jobs.core import operator
 from django_jobs.models import AwaitingExecution, Job, JobDependency, JobStatus, Workflow
 
 # Jobs listed on each side of a job's page; the rest are counted.
@@ -112,19 +112,6 @@ def capped_count(rows, read: list[int]) -> int:
 
 
 def retry_refusal(db: str, job_id: int) -> str:
-    """Why ``retry_failed_job`` said no, read after it did (for the message only: the
-    retry itself decided under the job's lock)."""
-    status = Job.objects.using(db).filter(pk=job_id).values_list("status", flat=True).first()
-    if status is None:
-        return "there is no such job"
-    if status != JobStatus.FAILED:
-        return f"it is {status}, no longer failed"
-    failed, _ = unmet_dependencies(db, job_id)
-    if failed:
-        listed = ", ".join(f"#{pk}" for pk in sorted(failed)[:5])
-        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
-        which = "that one" if len(failed) == 1 else "those"
-        return f"it waits for {listed}{more}, which failed: retry {which} first"
-    if Job.objects.using(db).filter(pk=job_id, unique_key__isnull=False).exists():
-        return "another job holds its unique key"
-    return "it changed while it was being retried; reload the page"
+    """Why ``retry_failed_job`` said no (``operator.retry_refusal``), as a page says it."""
+    reason = operator.retry_refusal(db, job_id)
+    return f"{reason}; reload the page" if reason == operator.RETRY_RACED else reason

@@ -44,7 +44,13 @@ from django_jobs.admin.filters import (
 )
 from django_jobs.conf import JobsSettings
 from django_jobs.core import operator as operations
-from django_jobs.core.operator import CANCELLED, cancel_job
+from django_jobs.core.operator import (
+    CANCELLABLE,
+    CANCELLED,
+    DISCARDABLE,
+    RETRYABLE,
+    cancel_job,
+)
 from django_jobs.core.progress import Progress, amount, from_row
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
 from django_jobs.models import (
@@ -69,13 +75,6 @@ MESSAGE_SHOWN = 2_000
 TRACEBACK_SHOWN = 10_000
 # The columns the list never shows, left unread: 50 rows of them could weigh 150 MiB.
 LIST_DEFERRED = ("args", "kwargs", "return_value", "worker_ids", "backoff", "trace_context")
-
-# What each state allows (the operations re-check under their locks). A job awaiting its
-# dependencies is waiting like a blocked one: ending it ends what its policy says waits on it.
-RETRYABLE = {JobStatus.FAILED}
-WAITING = {JobStatus.READY, JobStatus.SCHEDULED, JobStatus.BLOCKED, JobStatus.AWAITING}
-DISCARDABLE = {*WAITING, JobStatus.FAILED}
-CANCELLABLE = {*WAITING, JobStatus.CLAIMED, JobStatus.RUNNING}
 
 
 def jobs_db() -> str:

@@ -46,6 +46,7 @@ from django_jobs.db import notify, ops
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
 from django_jobs.models import (
     FINISHED_STATUSES,
+    WAITING_STATUSES,
     AwaitingExecution,
     BlockedExecution,
     FailedExecution,
@@ -60,6 +61,13 @@ from django_jobs.models import (
 CANCELLED_ERROR = "django_jobs.exceptions.JobCancelled"
 # What cancel_job() did: ended a waiting job, or asked the worker running it to stop.
 CANCELLED, REQUESTED = "cancelled", "requested"
+
+# The states each action acts on (each function re-checks under its locks): what the admin
+# offers a button for and what ``manage.py jobs retry|discard|cancel`` selects. A job
+# awaiting its dependencies is waiting like a blocked one.
+RETRYABLE = frozenset({JobStatus.FAILED})
+DISCARDABLE = frozenset({*WAITING_STATUSES, JobStatus.FAILED})
+CANCELLABLE = frozenset({*WAITING_STATUSES, JobStatus.CLAIMED, JobStatus.RUNNING})
 
 # --- retry --------------------------------------------------------------------------------
 
@@ -97,6 +105,30 @@ def retry_failed_job(db: str, job_id: int) -> bool:
         for batch_id in batches_of(db, [job_id, *revived]):
             reopen_item(db, batch_id)
     return True
+
+
+# Why a retry was refused when none of the reasons read after it holds: the job was failed
+# and is still, but was not when the retry looked under its lock.
+RETRY_RACED = "it changed while it was being retried"
+
+
+def retry_refusal(db: str, job_id: int) -> str:
+    """Why ``retry_failed_job`` said no, read after it did (for a message only: the retry
+    itself decided under the job's lock)."""
+    status = Job.objects.using(db).filter(pk=job_id).values_list("status", flat=True).first()
+    if status is None:
+        return "there is no such job"
+    if status != JobStatus.FAILED:
+        return f"it is {status}, no longer failed"
+    failed, _ = unmet_dependencies(db, job_id)
+    if failed:
+        listed = ", ".join(f"#{pk}" for pk in sorted(failed)[:5])
+        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+        which = "that one" if len(failed) == 1 else "those"
+        return f"it waits for {listed}{more}, which failed: retry {which} first"
+    if Job.objects.using(db).filter(pk=job_id, unique_key__isnull=False).exists():
+        return "another job holds its unique key"
+    return RETRY_RACED
 
 
 def retake_unique_key(db: str, job: Job) -> bool:

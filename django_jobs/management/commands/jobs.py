@@ -1,4 +1,6 @@
-"""``manage.py jobs``: the state of the queues in a terminal, or as JSON for scripts.
+"""``manage.py jobs``: the state of the queues in a terminal, or as JSON for scripts; and
+``manage.py jobs retry|discard|cancel``, the admin's bulk actions over a selection of jobs
+(docs/admin.md, "In a terminal").
 
 Every value a job or a process brought (a queue, a key, a task path, a host, a progress
 message) is printed through ``printable``: a newline in it cannot forge a line of the
@@ -8,11 +10,38 @@ report, nor an escape sequence rewrite the operator's terminal.
 from __future__ import annotations
 
 import json
-from typing import Any
+import sys
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
+from django_jobs.conf import JobsSettings
 from django_jobs.core.progress import summary
+from django_jobs.management.job_actions import (
+    ACTIONS,
+    IDS_LISTED,
+    NOT_AN_ID,
+    Action,
+    Tally,
+    job_name,
+    listed,
+    plural,
+    refusal,
+)
+from django_jobs.management.selection import (
+    Filters,
+    SelectionError,
+    TypedIds,
+    chunks,
+    count_and_last,
+    id_batches,
+    parse_pattern,
+    parse_when,
+    printable_arg,
+)
+from django_jobs.models import Job, JobStatus
 from django_jobs.observability.inspection import (
     COUNT_CAP,
     STATES,
@@ -22,17 +51,65 @@ from django_jobs.observability.inspection import (
 )
 from django_jobs.text import printable
 
+# Exit codes of retry, discard and cancel (docs/admin.md): every selected job acted on (or
+# would be, in a dry run); some could not be (they are named); the command line could not be
+# read, or the confirmation could not be asked; the operator answered no.
+ALL_DONE, SOME_REFUSED, USAGE, NOT_CONFIRMED = 0, 1, 2, 3
+DEFAULT_BATCH_SIZE = 1000
+MAX_BATCH_SIZE = 10_000
+FILTERS = ("task", "queue", "status", "since", "until")
+
+
+def batch_size(text: str) -> int:
+    """``--batch-size``: jobs read (and acted on, one by one) per batch."""
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if not 1 <= size <= MAX_BATCH_SIZE:
+        raise ValueError(text)
+    return size
+
+
+batch_size.__name__ = f"batch size (1 to {MAX_BATCH_SIZE:,})"  # argparse's error names it
+
 
 class Command(BaseCommand):
     help = (
         "Show per-queue counts, blocked concurrency keys, stuck jobs, live processes, the "
-        "progress of running jobs and the latest workflows."
+        "progress of running jobs and the latest workflows; or retry, discard or cancel jobs "
+        "(jobs retry --help)."
     )
+    # call_command(..., stdin=StringIO("y\n")): the confirmation's answer, in tests.
+    stealth_options = ("stdin",)
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print one JSON document.")
+        actions = parser.add_subparsers(
+            dest="action",
+            title="actions",
+            metavar="{retry,discard,cancel}",
+            help="Act on the jobs selected, as the admin's actions do; without one, show the "
+            "overview.",
+        )
+        for action in ACTIONS.values():
+            add_action_arguments(
+                actions.add_parser(
+                    action.name,
+                    help=ACTION_HELP[action.name],
+                    description=ACTION_HELP[action.name] + SELECTION_HELP,
+                ),
+                action,
+            )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options.get("action"):
+            if options["json"]:
+                raise CommandError(
+                    "--json prints the overview; it does not go with an action", returncode=USAGE
+                )
+            self.act(ACTIONS[options["action"]], options)
+            return
         state = snapshot()
         if options["json"]:
             self.stdout.write(json.dumps(state.as_json(), indent=2, sort_keys=True))
@@ -154,6 +231,233 @@ class Command(BaseCommand):
         out(table(["id", "name", "status", "done", "created"], rows) if rows else "  none")
         if len(rows) >= WORKFLOWS_SHOWN:
             out("  ... the admin's workflows page lists every workflow")
+
+    # --- retry, discard, cancel ------------------------------------------------------------
+
+    def act(self, action: Action, options: dict[str, Any]) -> None:
+        """Select, show, confirm, act in batches, report; exit with the codes above."""
+        db = JobsSettings.load().database
+        size = options["batch_size"]
+        tally = Tally()
+        if options["job_ids"]:
+            refuse_filters(options)
+            count, first, batches = self.survey_ids(db, action, options["job_ids"], size, tally)
+        else:
+            jobs = filters(action, options).queryset(db)
+            # The largest id counted bounds the run: a job that comes to match later, with
+            # a higher id, is not acted on under a confirmation that did not count it.
+            count, last = count_and_last(jobs)
+            first = list(
+                jobs.filter(pk__lte=last or 0)
+                .order_by("pk")
+                .values_list("pk", flat=True)[:IDS_LISTED]
+            )
+            batches = id_batches(jobs, size, last) if count else iter(())
+        out = self.stdout.write
+        if options["dry_run"]:
+            out("Dry run: nothing is changed.")
+            described = f": {listed(first, count)}" if count else ""
+            out(f"{action.would.capitalize()} {plural(count)}{described}")
+            self.finish(action, tally, would=True)
+        if not count:
+            out(f"No job to {action.name}.")
+            self.finish(action, tally)
+        out(f"{plural(count)} to {action.name}: {listed(first, count)}")
+        if not options["yes"]:
+            self.confirm(action, count, options)
+        done = 0
+        for batch in batches:
+            for job_id in batch:
+                tally.add(action.act(db, job_id), job_name(job_id))
+            done += len(batch)
+            if options["verbosity"] >= 2:
+                self.stderr.write(f"  {done:,} of {count:,} jobs gone through")
+        self.finish(action, tally)
+
+    def survey_ids(
+        self, db: str, action: Action, texts: list[str], size: int, tally: Tally
+    ) -> tuple[int, list[int], Iterator[list[int]]]:
+        """The ids typed: those whose job is in a state the action takes (to act on), and
+        the others in ``tally`` with why, before anything is changed."""
+        typed = TypedIds.parse(texts)
+        for text in typed.not_ids:
+            tally.refuse(NOT_AN_ID, printable(printable_arg(text, 30)))
+        chosen: list[int] = []
+        for batch in chunks(typed.ids, size):
+            found = dict(Job.objects.using(db).filter(pk__in=batch).values_list("pk", "status"))
+            for job_id in batch:
+                status = found.get(job_id)
+                if status in action.accepts:
+                    chosen.append(job_id)
+                else:
+                    tally.refuse(refusal(action, status), job_name(job_id))
+        return len(chosen), chosen[:IDS_LISTED], chunks(tuple(chosen), size)
+
+    def confirm(self, action: Action, count: int, options: dict[str, Any]) -> None:
+        """Ask before acting; never guess for a script (no terminal: an error)."""
+        stdin = options.get("stdin")
+        question = f"{action.verb} {plural(count)}?"
+        if stdin is None:
+            if not sys.stdin.isatty():
+                raise CommandError(
+                    f"{question} The standard input is not a terminal to ask on: pass --yes "
+                    "to act without asking, or --dry-run to see what would be done. Nothing "
+                    "was changed.",
+                    returncode=USAGE,
+                )
+            stdin = sys.stdin
+        self.stdout.write(f"{question} [y/N] ", ending="")
+        self.stdout.flush()
+        if stdin.readline().strip().lower() not in ("y", "yes"):
+            self.stdout.write("Nothing was changed.")
+            raise SystemExit(NOT_CONFIRMED)
+
+    def finish(self, action: Action, tally: Tally, would: bool = False) -> NoReturn:
+        """What was done (or would be), the jobs that were not and why; then exit."""
+        out = self.stdout.write
+        for outcome, count in tally.done.items():
+            out(self.style.SUCCESS(f"{outcome.capitalize()}: {plural(count)}."))
+        if tally.refused:
+            label = f"would not {action.name}" if would else action.past
+            out(self.style.WARNING(f"{label.capitalize()}: {plural(tally.refused_count)}:"))
+            for line in tally.refused_lines():
+                out(line)
+        raise SystemExit(SOME_REFUSED if tally.refused else ALL_DONE)
+
+
+ACTION_HELP = {
+    "retry": "Give failed jobs one more attempt (the admin's Retry).",
+    "discard": "Discard waiting or failed jobs (the admin's Discard); never a running one.",
+    "cancel": "Cancel waiting jobs at once, and ask running ones to stop (the admin's Cancel).",
+}
+SELECTION_HELP = (
+    " Select jobs by id, or by filters (--task, --queue, --status, --since, --until), or all "
+    "the action can take (--all). Each job is acted on in its own transaction, by the "
+    "function the admin's action calls. Exit status: 0 if every job selected was acted on, "
+    "1 if some were not (they are named), 2 for a command line that cannot be read, 3 if the "
+    "answer to the confirmation was no."
+)
+
+
+def add_action_arguments(parser: CommandParser, action: Action) -> None:
+    accepted = ", ".join(sorted(action.accepts))
+    parser.add_argument(
+        "job_ids",
+        nargs="*",
+        metavar="ID",
+        help="Job ids (not with filters). One that is not a job's, or not in a state the "
+        "action takes, is named in the report.",
+    )
+    parser.add_argument(
+        "--task",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="Jobs of this task (a dotted path), or of every task whose path starts with "
+        "PREFIX given as 'PREFIX*'. Repeat for several.",
+    )
+    parser.add_argument(
+        "--queue",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="Jobs of this queue, or 'PREFIX*'. Repeat for several.",
+    )
+    parser.add_argument(
+        "--status",
+        action="append",
+        default=[],
+        metavar="STATUS",
+        help=f"Jobs in this status (comma-separated or repeated), of: {accepted} (the "
+        "default: all of them).",
+    )
+    for name, side in (("--since", "at or after"), ("--until", "before")):
+        parser.add_argument(
+            name,
+            metavar="WHEN",
+            help=f"Jobs that failed (or ended), else were enqueued, {side} WHEN: a duration "
+            "ago (90s, 30m, 2h, 3d, 1w) or an ISO 8601 date or date and time (in the "
+            "current time zone unless it names one).",
+        )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        dest="all_jobs",
+        help=f"Every job in a status the action takes ({accepted}), with no other filter.",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="Say what would be done, and change nothing.",
+    )
+    parser.add_argument(
+        "--yes",
+        "--no-input",
+        "--noinput",
+        action="store_true",
+        dest="yes",
+        help="Act without asking for confirmation (for scripts).",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=batch_size,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"Jobs read per batch (default {DEFAULT_BATCH_SIZE:,}, at most "
+        f"{MAX_BATCH_SIZE:,}); each job is still its own transaction.",
+    )
+
+
+def refuse_filters(options: dict[str, Any]) -> None:
+    if options["all_jobs"] or any(options[name] for name in FILTERS):
+        raise CommandError(
+            "give job ids, or filters (--task, --queue, --status, --since, --until) or "
+            "--all, not both",
+            returncode=USAGE,
+        )
+
+
+def filters(action: Action, options: dict[str, Any]) -> Filters:
+    """The filters typed, checked; a ``CommandError`` names what cannot be read."""
+    if not options["all_jobs"] and not any(options[name] for name in FILTERS):
+        raise CommandError(
+            f"say which jobs to {action.name}: job ids, filters (--task, --queue, --status, "
+            "--since, --until), or --all",
+            returncode=USAGE,
+        )
+    now = timezone.now()
+    try:
+        chosen = Filters(
+            statuses=statuses(action, options["status"]),
+            tasks=tuple(parse_pattern(text, "--task") for text in options["task"]),
+            queues=tuple(parse_pattern(text, "--queue") for text in options["queue"]),
+            since=parse_when(options["since"], "--since", now) if options["since"] else None,
+            until=parse_when(options["until"], "--until", now) if options["until"] else None,
+        )
+    except SelectionError as exc:
+        raise CommandError(printable(str(exc)), returncode=USAGE) from exc
+    if chosen.since and chosen.until and chosen.since >= chosen.until:
+        raise CommandError(
+            f"--since ({chosen.since.isoformat()}) is not before --until "
+            f"({chosen.until.isoformat()}): no job can match",
+            returncode=USAGE,
+        )
+    return chosen
+
+
+def statuses(action: Action, typed: list[str]) -> frozenset[str]:
+    """``--status`` values (comma-separated or repeated), each one the action takes."""
+    names = {name.strip() for value in typed for name in value.split(",") if name.strip()}
+    if not names:
+        return action.accepts
+    accepted = ", ".join(sorted(action.accepts))
+    for name in sorted(names):
+        if name not in JobStatus.values:
+            raise SelectionError(
+                f"--status {printable_arg(name)} is no status; {action.name} takes: {accepted}"
+            )
+        if name not in action.accepts:
+            raise SelectionError(f"{action.name} does not act on {name} jobs; it takes: {accepted}")
+    return frozenset(names)
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
