@@ -69,7 +69,7 @@ def warn_ignored_options(alias: str, task_path: str, options: Sequence[str]) -> 
         f"({', '.join(options)} of {task_path}, and those of any other task). "
         "This warning is given once (docs/testing.md).",
         IgnoredJobOptions,
-        stacklevel=4,
+        stacklevel=3,  # the module declaring the task with @task(...)
     )
 
 
