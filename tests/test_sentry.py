@@ -550,3 +550,48 @@ def test_an_idle_thread_between_jobs_keeps_no_job_scope(sentry, run_next):
     between = sentry.events()[-1]
     assert between["message"] == "between jobs"
     assert not any(name.startswith("django_jobs.") for name in between.get("tags", {}))
+
+
+@pytest.mark.workers
+def test_a_run_jobs_process_whose_sentry_transport_fails_records_every_outcome(run_jobs, tmp_path):
+    """Sentry itself failing in the worker (its transport cannot write): the jobs' outcomes
+    are recorded as without it, and the worker goes on and stops cleanly."""
+    failing = tasks.always_fails.using(max_attempts=1).enqueue("still recorded")
+    ok = tasks.add.enqueue(2, 3)
+    proc = run_jobs(
+        "--processes",
+        "1",
+        "--threads",
+        "2",
+        env={
+            "DJANGO_SETTINGS_MODULE": "testproject.sentry_settings",
+            "JOBS_SENTRY_EVENTS": str(tmp_path / "no-such-directory" / "sentry.jsonl"),
+        },
+    )
+    wait_until(
+        lambda: (
+            Job.objects.get(pk=ok.id).status == JobStatus.SUCCEEDED
+            and Job.objects.get(pk=failing.id).status == JobStatus.FAILED
+        ),
+        30,
+        what=f"both jobs ended; run_jobs said:\n{proc.output()}",
+    )
+    failure = FailedExecution.objects.get(job_id=int(failing.id))
+    assert (failure.exception_class_path, failure.message) == (
+        "builtins.ValueError",
+        "still recorded",
+    )
+    # Sentry raised in the failure's report: logged.
+    output = proc.output()
+    assert (
+        f"job {failing.id}: the job_attempt_failed receiver report_failed_attempt raised "
+        "FileNotFoundError" in output
+    )
+    later = tasks.add.enqueue(4, 5)  # the worker still takes jobs
+    wait_until(
+        lambda: Job.objects.get(pk=later.id).status == JobStatus.SUCCEEDED,
+        30,
+        what=f"a later job; run_jobs said:\n{proc.output()}",
+    )
+    proc.send(signal.SIGTERM)
+    assert proc.wait(30) == 0

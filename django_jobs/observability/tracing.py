@@ -94,6 +94,8 @@ def record_enqueue(job: Job) -> None:
     OpenTelemetry's (:func:`otel_headers`), then each :class:`TraceHook`'s. Left NULL
     when none has anything to carry."""
     api = otel_api()
+    if not api and not _hooks:
+        return  # neither OpenTelemetry nor a hook: the common case, kept at two lookups
     headers = otel_headers(job, api) if api else {}
     for hook in _hooks:
         try:
