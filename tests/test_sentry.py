@@ -581,12 +581,6 @@ def test_a_run_jobs_process_whose_sentry_transport_fails_records_every_outcome(r
         "builtins.ValueError",
         "still recorded",
     )
-    # Sentry raised in the failure's report: logged.
-    output = proc.output()
-    assert (
-        f"job {failing.id}: the job_attempt_failed receiver report_failed_attempt raised "
-        "FileNotFoundError" in output
-    )
     later = tasks.add.enqueue(4, 5)  # the worker still takes jobs
     wait_until(
         lambda: Job.objects.get(pk=later.id).status == JobStatus.SUCCEEDED,
@@ -595,3 +589,9 @@ def test_a_run_jobs_process_whose_sentry_transport_fails_records_every_outcome(r
     )
     proc.send(signal.SIGTERM)
     assert proc.wait(30) == 0
+    # Sentry raised in the failure's report: logged (its lines all written by the exit).
+    output = proc.output()
+    assert (
+        f"job {failing.id}: the job_attempt_failed receiver report_failed_attempt raised "
+        "FileNotFoundError" in output
+    )
