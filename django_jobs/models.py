@@ -208,9 +208,10 @@ class Job(models.Model):
     progress_total = models.FloatField(null=True, blank=True)
     progress_message = models.CharField(max_length=255, null=True, blank=True)
     progress_at = models.DateTimeField(null=True, blank=True)
-    # The enqueuer's trace context as propagation headers (W3C ``traceparent``, ``tracestate``),
-    # so the run's span continues the enqueuing request's trace. NULL without OpenTelemetry
-    # (``django_jobs.observability.tracing``).
+    # The enqueuer's trace context as propagation headers (W3C ``traceparent``, ``tracestate``;
+    # Sentry's ``sentry-trace``, ``baggage``), so the run continues the enqueuing request's
+    # trace. NULL without OpenTelemetry or a tracing hook such as
+    # ``django_jobs.contrib.sentry`` (``django_jobs.observability.tracing``).
     trace_context = models.JSONField(null=True, blank=True)
 
     class Meta:

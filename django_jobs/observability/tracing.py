@@ -18,13 +18,27 @@ message, ``process`` spans parented to it). Without ``opentelemetry-api`` instal
 changes: the first hook call tries the import once, and every later one costs one global
 lookup; rows get no trace context. With the API but no SDK, spans are no-ops and, outside
 any trace, nothing is stored either.
+
+Other tracers plug into the same two places through a :class:`TraceHook`
+(:func:`add_trace_hook`; ``django_jobs.contrib.sentry`` is one): at the enqueue each adds
+its own propagation headers to the same ``trace_context`` dict (a ``baggage`` header that
+two of them set is merged into one, as one HTTP request would carry it), and the worker runs
+the whole job, from its start to its recorded outcome, inside each hook's
+:func:`execution_scope`. A hook is registered only by the code that installs it, so a
+project without one pays an empty-tuple test at each enqueue and each run. Nothing a hook
+raises reaches the enqueue or the job: it is logged (``django_jobs.tracing``) and that hook
+is skipped for that job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from django_jobs.text import jobs_logger
 
 if TYPE_CHECKING:
     from django.tasks import Task, TaskResult
@@ -33,6 +47,8 @@ if TYPE_CHECKING:
 
 TRACER_NAME = "django_jobs"
 MESSAGING_SYSTEM = "django_jobs"
+
+logger = jobs_logger("django_jobs.tracing")
 
 # The opentelemetry API as (trace, propagate, Context) once looked up; False when it is not
 # installed; None until the first hook asks. A module global rather than a functools.cache
@@ -74,17 +90,34 @@ def job_attributes(job: Job) -> dict[str, Any]:
 
 
 def record_enqueue(job: Job) -> None:
-    """Record an enqueue span for ``job`` (not yet saved) and store its context on the job.
+    """Store on ``job`` (not yet saved) the propagation headers of every tracer there is:
+    OpenTelemetry's (:func:`otel_headers`), then each :class:`TraceHook`'s. Left NULL
+    when none has anything to carry."""
+    api = otel_api()
+    if not api and not _hooks:
+        return  # neither OpenTelemetry nor a hook: the common case, kept at two lookups
+    headers = otel_headers(job, api) if api else {}
+    for hook in _hooks:
+        try:
+            hook.inject(job, headers)
+        except Exception:
+            # An enqueue never fails for its tracing: the job goes in without this hook's
+            # headers, and its run starts a trace of its own.
+            logger.exception("trace hook %r failed at the enqueue of %s", hook, job.task_path)
+    if headers:
+        job.trace_context = headers
+
+
+def otel_headers(job: Job, api: Any) -> dict[str, str]:
+    """Record an enqueue span for ``job`` and return its context as W3C headers (empty
+    when there is nothing to carry).
 
     The span is ended at once: it marks the message's creation, the parent every attempt's
     execution span hangs from. It is recorded before the insert, so it has no job id yet.
     """
-    api = otel_api()
-    if not api:
-        return
     trace, propagate, _ = api
     if nothing_to_carry(trace):
-        return
+        return {}
     span = trace.get_tracer(TRACER_NAME).start_span(
         f"enqueue {job.task_path}",
         kind=trace.SpanKind.PRODUCER,
@@ -99,8 +132,8 @@ def record_enqueue(job: Job) -> None:
         propagate.inject(carrier, context=trace.set_span_in_context(span))
     finally:
         span.end()
-    # Empty when there is no valid span (API without SDK, outside any trace): store NULL.
-    job.trace_context = carrier or None
+    # Empty when there is no valid span (API without SDK, outside any trace).
+    return carrier
 
 
 def nothing_to_carry(trace: Any) -> bool:
@@ -139,15 +172,14 @@ def traced_execution(
         if not api:
             return call(task, job, result)
         trace, propagate, Context = api
-        if not job.trace_context and isinstance(
-            trace.get_tracer_provider(), trace.ProxyTracerProvider
-        ):
+        headers = row_headers(job)
+        if not headers and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
             # No SDK (yet) and no parent to carry: the span would be the invalid one,
             # and the thread's context has none of its own. A quarter of the cost of a
             # no-op job in a worker with the API installed but unused.
             return call(task, job, result)
         # Extracted into an empty context: the worker thread's own must not leak in.
-        parent = propagate.extract(job.trace_context or {}, context=Context())
+        parent = propagate.extract(headers, context=Context())
         with trace.get_tracer(TRACER_NAME).start_as_current_span(
             f"run {job.task_path}",
             context=parent,
@@ -166,3 +198,106 @@ def traced_execution(
             return call(task, job, result)
 
     return run
+
+
+def row_headers(job: Job) -> dict[str, str]:
+    """The propagation headers in ``job``'s row, the strings of a dict only: a row edited
+    by hand may hold anything (a list, numbers), and must cost its job no more than its
+    trace (docs/design.md invariant 10)."""
+    context = job.trace_context
+    if not isinstance(context, dict):
+        return {}
+    return {k: v for k, v in context.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+class TraceHook(Protocol):
+    """A tracer other than OpenTelemetry, carried through the job row the same way.
+
+    ``inject`` adds the tracer's propagation headers to ``headers`` at the enqueue (use
+    :func:`merge_baggage` for ``baggage``, which OpenTelemetry may have set already);
+    ``execution`` returns the context the worker runs the job in, from before its start to
+    after its outcome is recorded (``job.trace_context`` holds every tracer's headers).
+    Either may raise: the enqueue and the run go on without this hook.
+    """
+
+    def inject(self, job: Job, headers: dict[str, str]) -> None: ...
+
+    def execution(self, job: Job) -> contextlib.AbstractContextManager[object]: ...
+
+
+# The registered hooks, in their order of registration. A tuple, replaced whole, so that a
+# worker thread iterating it never sees it change under it.
+_hooks: tuple[TraceHook, ...] = ()
+
+
+def add_trace_hook(hook: TraceHook) -> None:
+    """Register ``hook`` for every later enqueue and run in this process (once)."""
+    global _hooks
+    if hook not in _hooks:
+        _hooks = (*_hooks, hook)
+
+
+def remove_trace_hook(hook: TraceHook) -> None:
+    global _hooks
+    _hooks = tuple(registered for registered in _hooks if registered is not hook)
+
+
+def merge_baggage(existing: str | None, added: str) -> str:
+    """One W3C ``baggage`` header holding the members of both, a key kept once (the first
+    seen): two tracers' baggage travels as one header, as in an HTTP request."""
+    if not existing:
+        return added
+    members = [member.strip() for member in f"{existing},{added}".split(",")]
+    seen: set[str] = set()
+    merged = []
+    for member in members:
+        key = member.split("=", 1)[0].strip()
+        if member and key not in seen:
+            seen.add(key)
+            merged.append(member)
+    return ",".join(merged)
+
+
+NO_SCOPE = contextlib.nullcontext()
+
+
+def execution_scope(job: Job) -> contextlib.AbstractContextManager[object]:
+    """The context in which a worker runs ``job``: every hook's ``execution``, entered in
+    order and left in reverse, none of them able to raise into the worker."""
+    if not _hooks:
+        return NO_SCOPE
+    return HookScopes(job, _hooks)
+
+
+class HookScopes:
+    """The hooks' execution contexts of one job, each entered and left in isolation: one
+    that raises is logged and skipped, the job runs and is recorded all the same
+    (docs/design.md invariant 10)."""
+
+    def __init__(self, job: Job, hooks: tuple[TraceHook, ...]) -> None:
+        self.job = job
+        self.hooks = hooks
+        self.entered: list[tuple[TraceHook, contextlib.AbstractContextManager[object]]] = []
+
+    def __enter__(self) -> None:
+        for hook in self.hooks:
+            try:
+                scope = hook.execution(self.job)
+                scope.__enter__()
+            except Exception:
+                logger.exception("trace hook %r failed to open job %s", hook, self.job.pk)
+            else:
+                self.entered.append((hook, scope))
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        while self.entered:
+            hook, scope = self.entered.pop()
+            try:
+                scope.__exit__(kind, exc, traceback)
+            except Exception:
+                logger.exception("trace hook %r failed to close job %s", hook, self.job.pk)

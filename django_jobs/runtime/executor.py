@@ -17,12 +17,12 @@ from django_jobs.core.batches import current_job_id
 from django_jobs.core.claimed import MAX_ERROR_MESSAGE, fail_job, release_job, snooze_job
 from django_jobs.core.current_job import current_control
 from django_jobs.core.progress import flush_progress
-from django_jobs.core.rows import ErrorInfo
+from django_jobs.core.rows import ErrorInfo, FailOutcome
 from django_jobs.core.starting import start_jobs
 from django_jobs.db.retry import reset_connection
 from django_jobs.exceptions import JobInterrupted, ResultNotStored, Snooze, TaskNotFound
 from django_jobs.models import Job, JobStatus
-from django_jobs.observability.tracing import traced_execution
+from django_jobs.observability.tracing import execution_scope, traced_execution
 from django_jobs.runtime.completer import write_isolated
 from django_jobs.runtime.context import (
     ExecutionContext,
@@ -33,10 +33,11 @@ from django_jobs.runtime.context import (
     persist,
 )
 from django_jobs.runtime.watchdog import Control
+from django_jobs.signals import ATTEMPT_FAILED_LOG_MARK, job_attempt_failed
 from django_jobs.tasks.loading import load_task
 from django_jobs.tasks.results import build_result
 from django_jobs.tasks.serialization import json_return_value
-from django_jobs.text import clip, jobs_logger, storable_text
+from django_jobs.text import clip, jobs_logger, safe_str, storable_text
 
 logger = jobs_logger("django_jobs.worker")
 
@@ -46,17 +47,20 @@ MAX_LOGGED = 500
 
 def execute_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> None:
     """Start (unless the caller already did: ``started``), run and finalise ``job``;
-    never raises, whatever the task does."""
-    close_old_connections()
-    try:
-        run_claimed_job(job, ctx, started=started)
-    except Exception as exc:
-        # A bug of ours, or an outcome the database refused: the job must not stay
-        # claimed by a live process forever.
-        logger.exception("internal error while running job %s", job.pk)
-        settle_after_error(job, ctx, exc)
-    finally:
+    never raises, whatever the task does. All of it runs in the tracing hooks' scopes
+    (``execution_scope``, which cannot raise either), so what is logged or reported about
+    the job, up to its recorded outcome, is in the job's trace."""
+    with execution_scope(job):
         close_old_connections()
+        try:
+            run_claimed_job(job, ctx, started=started)
+        except Exception as exc:
+            # A bug of ours, or an outcome the database refused: the job must not stay
+            # claimed by a live process forever.
+            logger.exception("internal error while running job %s", job.pk)
+            settle_after_error(job, ctx, exc)
+        finally:
+            close_old_connections()
 
 
 def settle_after_error(job: Job, ctx: ExecutionContext, exc: Exception) -> None:
@@ -198,7 +202,7 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
     try:
         task = load_task(job.task_path)
     except TaskNotFound as exc:
-        fail_unloadable(job, ctx, exc)
+        fail_unloadable(job, ctx, exc, started=started)
         return
     if not started and not start_or_hand_back(job, ctx):
         return
@@ -223,11 +227,21 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
         write_isolated(ctx, [success])
 
 
-def fail_unloadable(job: Job, ctx: ExecutionContext, exc: TaskNotFound) -> None:
-    """A job whose task cannot be imported fails for good, its body never run."""
-    logger.error("job failed %s error=%s (not retried)", describe(job), exc)
+def fail_unloadable(
+    job: Job, ctx: ExecutionContext, exc: TaskNotFound, *, started: bool = False
+) -> None:
+    """A job whose task cannot be imported fails for good, its body never run.
+
+    ``started``: its claim counted the attempt, which the failure takes back.
+    """
+    logger.error(
+        "job failed %s error=%s (not retried)",
+        describe(job),
+        exc,
+        extra={ATTEMPT_FAILED_LOG_MARK: job.pk},
+    )
     error = error_info(exc)
-    persist(
+    outcome = persist(
         ctx,
         f"failing job {job.pk}",
         lambda: fail_job(
@@ -240,6 +254,9 @@ def fail_unloadable(job: Job, ctx: ExecutionContext, exc: TaskNotFound) -> None:
             never_ran=True,  # a start its claim counted is taken back
         ),
     )
+    if outcome is not None:
+        attempt = job.attempts if started else job.attempts + 1
+        announce_failure(job, exc, error, attempt, outcome, None)
 
 
 def start_or_hand_back(job: Job, ctx: ExecutionContext) -> bool:
@@ -324,7 +341,50 @@ def settle_failure(
         type(exc).__name__,
         clip(error.message, MAX_LOGGED),
         retry,
+        extra={ATTEMPT_FAILED_LOG_MARK: job.pk},
     )
+    stopped_by = control.exception() if control is not None and control.reason else None
+    announce_failure(job, exc, error, job.attempts, outcome, stopped_by)
     status = TaskResultStatus.READY if outcome.will_retry else TaskResultStatus.FAILED
     object.__setattr__(result, "status", status)
     task_finished.send(type(task.get_backend()), task_result=result)
+
+
+def announce_failure(
+    job: Job,
+    exc: BaseException,
+    error: ErrorInfo,
+    attempt: int,
+    outcome: FailOutcome,
+    interrupted_by: type[JobInterrupted] | None,
+) -> None:
+    """Send ``job_attempt_failed`` (django_jobs/signals.py) for a failure just recorded.
+
+    A receiver that raises (an error tracker that is down, a bug) is logged and nothing
+    more: the outcome is already committed, and this thread runs the next job
+    (docs/design.md invariant 10).
+    """
+    try:
+        responses = job_attempt_failed.send_robust(
+            sender=Job,
+            job=job,
+            exception=exc,
+            error=error,
+            attempt=attempt,
+            will_retry=outcome.will_retry,
+            retry_at=outcome.retry_at,
+            interrupted_by=interrupted_by,
+        )
+    except Exception:  # send_robust itself: a receiver's lookup that failed
+        logger.exception("job %s: job_attempt_failed could not be sent", job.pk)
+        return
+    for receiver, response in responses:
+        if isinstance(response, Exception):
+            logger.error(
+                "job %s: the job_attempt_failed receiver %s raised %s: %s",
+                job.pk,
+                getattr(receiver, "__qualname__", receiver),
+                type(response).__name__,
+                clip(safe_str(response), MAX_LOGGED),
+                exc_info=response,
+            )
