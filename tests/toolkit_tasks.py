@@ -11,13 +11,16 @@ import time
 
 from django.contrib.auth.models import User
 
+import django_jobs
 from django_jobs import Snooze, enqueue_on_commit, set_progress
 from django_jobs import task as jobs_task
 from testproject.demo.models import AuditEvent
 
 
 def note(key: str, attempt: int = 0) -> None:
-    AuditEvent.objects.create(job_id=0, key=key, limit=0, attempt=attempt, pid=0, started=time.time())
+    AuditEvent.objects.create(
+        job_id=0, key=key, limit=0, attempt=attempt, pid=0, started=time.time()
+    )
 
 
 def notes() -> list[str]:
@@ -115,3 +118,10 @@ def breaks_a_unique_constraint(username: str) -> None:
 def fails_after_writing(label: str) -> None:
     note(f"wrote {label}")
     raise RuntimeError(f"{label} failed after writing")
+
+
+@jobs_task(max_attempts=3, takes_context=True)
+def cancels_itself(context) -> None:
+    """Asks for its own cancel, then fails: a cancelled job is never retried."""
+    django_jobs.cancel(context.task_result.id)
+    raise RuntimeError("stopping after my cancel request")

@@ -15,8 +15,7 @@ def require_jobs_tables(db: str) -> None:
     exist in database ``db``."""
     if db not in connections:
         raise JobsNotReady(
-            f"there is no database {db!r} in DATABASES (django_jobs.testing was asked to "
-            f"use it)"
+            f"there is no database {db!r} in DATABASES (django_jobs.testing was asked to use it)"
         )
     if not apps.is_installed("django_jobs"):
         raise JobsNotReady(

@@ -9,8 +9,6 @@ from django.conf import settings
 from django.utils import timezone
 
 from django_jobs.conf import database_alias, jobs_settings
-from django_jobs.core.recurring import enqueue_tick, parse_entries, sync_recurring_tasks, task_rows
-from django_jobs.db.notify import silenced
 from django_jobs.testing.readiness import require_jobs_tables
 from django_jobs.testing.transactions import step
 
@@ -39,6 +37,15 @@ def enqueue_recurring(
     elif settings.USE_TZ and timezone.is_naive(now):
         raise ValueError("enqueue_recurring(): now must be an aware datetime with USE_TZ = True")
     require_jobs_tables(db)
+    # The models, once the app is known to be installed.
+    from django_jobs.core.recurring import (
+        enqueue_tick,
+        parse_entries,
+        sync_recurring_tasks,
+        task_rows,
+    )
+    from django_jobs.db.notify import silenced
+
     entries = parse_entries(jobs_settings().recurring)
     if keys:
         known = {entry.key: entry for entry in entries}
