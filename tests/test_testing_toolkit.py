@@ -135,6 +135,9 @@ class WhatEveryTestCaseChecks:
         assert run_enqueued_jobs().outcomes == ["succeeded"]
         row = job_row(result)
         assert (row.progress_done, row.progress_total, row.progress_message) == (3, 3, "done")
+        # Inside a TestCase the writer's own connection would wait for the job's row,
+        # which the test's transaction holds (InnoDB: 50 s, then the value is lost).
+        assert t.notes() == ["the writer thread does not have it"]
 
 
 class TestInsideATestCase(WhatEveryTestCaseChecks, TestCase):

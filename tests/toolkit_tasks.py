@@ -98,10 +98,16 @@ def enqueue_after_commit(label: str) -> str:
     return label
 
 
-@jobs_task
-def reports_progress() -> str:
+@jobs_task(takes_context=True)
+def reports_progress(context) -> str:
+    """Reports progress, and notes whether the progress writer's thread (which writes on
+    a connection of its own) was handed it."""
+    from django_jobs.core.progress import WRITER
+
     set_progress(1, 3, "one")
     set_progress(3, 3, "done")
+    handed = int(context.task_result.id) in WRITER.entries
+    note(f"the writer thread {'has' if handed else 'does not have'} it")
     return "ok"
 
 

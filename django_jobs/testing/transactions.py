@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import cast
 
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -81,7 +82,10 @@ def run_callbacks_since(connection: BaseDatabaseWrapper, start: int) -> None:
     ones (and those they register in turn), and drop them, as a commit does: a robust
     callback's error is logged, any other's raised (the rest are then dropped too)."""
     while len(connection.run_on_commit) > start:
-        pending = connection.run_on_commit[start:]
+        # (savepoint ids, callback, robust): django-stubs types the entries as pairs.
+        pending = cast(
+            list[tuple[object, Callable[[], object], bool]], connection.run_on_commit[start:]
+        )
         del connection.run_on_commit[start:]
         for _, callback, robust in pending:
             if not robust:
