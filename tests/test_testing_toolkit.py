@@ -37,6 +37,7 @@ from django_jobs.testing import (
 )
 from django_jobs.testing.pytest_plugin import JobsToolkit
 from tests import batch_tasks as bt
+from tests import rate_tasks as rt
 from tests import toolkit_tasks as t
 from tests import workflow_tasks as wt
 from tests.harness import create_server_database, database_url, error_paths, job_row
@@ -73,6 +74,11 @@ class WhatEveryTestCaseChecks:
         assert set(Job.objects.values_list("status", flat=True)) == {JobStatus.SUCCEEDED}
         assert Job.objects.get(pk=report[0].job_id).attempts == 1
         assert run_enqueued_jobs().runs == []
+
+    def test_an_async_task_runs_on_the_tests_connection(self):
+        t.async_add.enqueue(20, 22)
+        assert run_enqueued_jobs().return_values() == [42]
+        assert t.notes() == ["async add 20 22"]
 
     def test_a_key_of_limit_one_runs_the_blocked_job_after_the_first(self):
         first = t.keyed.enqueue(1, "first")
@@ -180,6 +186,16 @@ class TestInsideATestCase(WhatEveryTestCaseChecks, TestCase):
         # The snooze used up no attempt: max_attempts grew with it.
         row = job_row(result)
         assert (row.attempts, row.max_attempts) == (2, 2)
+
+    def test_a_job_over_its_rate_waits_and_time_travel_does_not_bring_it_back(self):
+        first = rt.once_a_minute.enqueue(1)
+        second = rt.once_a_minute.enqueue(2)
+        report = run_enqueued_jobs(run_scheduled=True)
+        assert [run.job_id for run in report] == [int(first.id)]
+        assert report.rate_limited == [int(second.id)]
+        row = job_row(second)
+        assert (row.status, row.attempts) == (JobStatus.SCHEDULED, 0)
+        assert run_enqueued_jobs(now=later(hours=1)).runs == []
 
     def test_a_unique_job_runs_once_and_lets_go_of_its_key(self):
         one = t.unique_sync.enqueue(7)

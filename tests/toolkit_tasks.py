@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 
 import django_jobs
@@ -30,6 +31,13 @@ def notes() -> list[str]:
 @jobs_task
 def add(a: int, b: int) -> int:
     note(f"add {a} {b}")
+    return a + b
+
+
+@jobs_task
+async def async_add(a: int, b: int) -> int:
+    """An ``async def`` body: its ORM calls run in the test's thread, on its connection."""
+    await sync_to_async(note)(f"async add {a} {b}")
     return a + b
 
 

@@ -187,11 +187,14 @@ class Runner:
         if not due:
             return
         most = Counter(run.task_path for run in self.report.runs).most_common(5)
+        sent_back = len(self.report.rate_limited)
+        claims = f", {sent_back} claim(s) sent back by a rate limit" if sent_back else ""
+        still = ", ".join(f"{path} ({n} due)" for path, n in due.items())
+        ran = ", ".join(f"{path} x{n}" for path, n in most) or "none"
         raise RunawayJobs(
-            f"run_enqueued_jobs() ran {len(self.report)} job(s), its max_runs of {max_runs}, "
-            f"and jobs are still due: {', '.join(f'{path} ({n} due)' for path, n in due.items())}. "
-            f"A job that enqueues another forever? Ran most: "
-            f"{', '.join(f'{path} x{n}' for path, n in most) or 'none'}. Pass a larger "
+            f"run_enqueued_jobs() reached its max_runs of {max_runs} ({len(self.report)} job(s) "
+            f"run{claims}) and jobs are still due: {still}. A job that enqueues another "
+            f"forever? Ran most: {ran}. Pass a larger "
             f"max_runs= if the work is that long, or limit= to run only so many.",
             self.report,
         )

@@ -12,6 +12,11 @@ runs them a second time (a ``captureOnCommitCallbacks(execute=True)`` around the
 an outer block that commits). Callbacks registered before the step, by the test's own
 code, are left where they are. Outside an atomic block (``TransactionTestCase``) each
 step commits and Django runs its callbacks as it would in a worker.
+
+``db.transactions.hot_transaction`` is ``atomic()`` inside a block already open, so its
+own ``START TRANSACTION`` and ``COMMIT`` (MariaDB/MySQL) are only ever sent in autocommit,
+where there is no test transaction for them to end; the stored procedures of migrations
+0013 to 0015 likewise take a savepoint, not a transaction, inside one.
 """
 
 from __future__ import annotations
