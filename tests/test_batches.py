@@ -30,6 +30,7 @@ from django_jobs.models import (
     ReadyExecution,
     ScheduledExecution,
 )
+from django_jobs.testing import run_enqueued_jobs
 from tests import batch_tasks as bt
 
 pytestmark = pytest.mark.django_db
@@ -68,7 +69,7 @@ def callbacks(batch_id: int) -> dict[str, Job]:
     return {name: Job.objects.get(pk=pk) for name, pk in batch.callback_jobs.items()}
 
 
-def test_the_last_item_enqueues_on_finish_and_on_success_with_the_counts(worker):
+def test_the_last_item_enqueues_on_finish_and_on_success_with_the_counts():
     made = enqueue_batch(
         items(3),
         on_finish=bt.callback,
@@ -79,10 +80,10 @@ def test_the_last_item_enqueues_on_finish_and_on_success_with_the_counts(worker)
     batch = made.refresh()
     assert (batch.total, batch.pending, batch.description) == (3, 3, "import")
     assert all(Job.objects.get(pk=int(r.id)).batch_id == made.id for r in made.results)
-    for result in made.results[:2]:
-        assert run(worker, int(result.id))
+    assert run_enqueued_jobs(limit=2).outcomes == ["succeeded"] * 2
     assert made.refresh().pending == 1 and callbacks(made.id) == {}
-    assert run(worker, int(made.results[2].id))
+    (last,) = run_enqueued_jobs(limit=1)
+    assert (last.job_id, last.outcome) == (int(made.results[2].id), "succeeded")
     batch = made.refresh()
     assert (batch.pending, batch.succeeded, batch.failed) == (0, 3, 0)
     assert batch.finished_at is not None
@@ -97,31 +98,27 @@ def test_the_last_item_enqueues_on_finish_and_on_success_with_the_counts(worker)
     assert (on_success.queue_name, on_success.priority) == ("reports", 3)
 
 
-def test_a_failed_item_fires_on_failure_not_on_success(worker):
+def test_a_failed_item_fires_on_failure_not_on_success():
     made = enqueue_batch(
         [(bt.item, [0], {}), (bt.item, [1], {"fail": True})],
         on_success=bt.callback,
         on_failure=bt.callback,
     )
-    assert run(worker, int(made.results[0].id))
-    outcome = run(worker, int(made.results[1].id), fail=True)
-    assert outcome is not None and not outcome.will_retry
+    assert run_enqueued_jobs(limit=2).outcomes == ["succeeded", "failed"]
     fired = callbacks(made.id)
     assert set(fired) == {"on_failure"}
     assert fired["on_failure"].kwargs == {"batch_id": made.id, "succeeded": 1, "failed": 1}
 
 
-def test_a_retry_is_not_terminal(worker):
+def test_a_retry_is_not_terminal():
     made = enqueue_batch(items(1, bt.flaky_item), on_finish=bt.callback)
     job_id = int(made.results[0].id)
-    first = run(worker, job_id, fail=True)
-    assert first is not None and first.will_retry
+    assert run_enqueued_jobs(limit=1).outcomes == ["will_retry"]
     batch = made.refresh()
     assert (batch.pending, batch.failed, batch.finished_at) == (1, 0, None)
     # backoff=0 readmits at once; the second failure is final.
     assert Job.objects.get(pk=job_id).status == JobStatus.READY
-    second = run(worker, job_id, fail=True)
-    assert second is not None and not second.will_retry
+    assert run_enqueued_jobs(limit=1).outcomes == ["failed"]
     assert made.refresh().pending == 0
     assert callbacks(made.id)["on_finish"].kwargs["failed"] == 1
 
@@ -146,7 +143,7 @@ def test_an_empty_batch_completes_at_once():
     assert made.refresh().finished_at is not None
 
 
-def test_a_batch_concurrency_limit_admits_that_many_items_at_a_time(worker):
+def test_a_batch_concurrency_limit_admits_that_many_items_at_a_time():
     made = enqueue_batch(items(5), concurrency_limit=2, on_finish=bt.callback)
     ids = [int(r.id) for r in made.results]
     key = f"django_jobs.batch/{made.id}"
@@ -157,7 +154,8 @@ def test_a_batch_concurrency_limit_admits_that_many_items_at_a_time(worker):
     for job_id in ids:
         assert Job.objects.get(pk=job_id).status == JobStatus.READY
         assert ReadyExecution.objects.filter(concurrency_key=key).count() <= 2
-        assert run(worker, job_id)
+        (ran,) = run_enqueued_jobs(limit=1)
+        assert (ran.job_id, ran.outcome) == (job_id, "succeeded")
     assert made.refresh().succeeded == 5
     assert "on_finish" in callbacks(made.id)
 

@@ -2,7 +2,9 @@
 policies when one fails; what the enqueue refuses; retry, cancel, keys, batches, unique jobs.
 
 Each job is run as a worker would (claim, start, body, finish or fail) through the state
-machine's own functions, one at a time, so every step can be checked in between. The
+machine's own functions, one at a time, so every step can be checked in between; where a
+test needs no check between two jobs, ``run_enqueued_jobs()`` runs them (django_jobs.testing,
+the same functions, and the follow-ups each commit would run). The
 races are tests/test_workflow_races.py; real processes, tests/test_workflow_stress.py.
 """
 
@@ -36,6 +38,7 @@ from django_jobs.models import (
     ScheduledExecution,
     Workflow,
 )
+from django_jobs.testing import run_enqueued_jobs
 from tests import workflow_tasks as wt
 from tests.harness import error_paths, job_row
 
@@ -136,13 +139,14 @@ def test_chain_shorthand_and_a_result_per_node(worker):
     assert get_workflow(made.id).results[1].id == made.results[1].id
 
 
-def test_a_failed_dependency_cancels_its_dependents_and_theirs_after_the_commit(worker, commits):
+def test_a_failed_dependency_cancels_its_dependents_and_theirs_after_the_commit():
     with workflow() as wf:
-        a = wf.add(wt.step, "a")
+        a = wf.add(wt.step, "a", fail=True)
         b = wf.add(wt.step, "b", after=[a])
         c = wf.add(wt.step, "c", after=[b])
         d = wf.add(wt.cleanup, after=[c])  # declared on_dependency_failure="run"
-    run(worker, a.result, fail=True, commits=commits)
+    # a alone, its follow-ups run as its commit would run them.
+    assert run_enqueued_jobs(limit=1).outcomes == ["failed"]
     for node in (b, c):
         row = job_row(node.result)
         assert row.status == JobStatus.FAILED and row.attempts == 0
@@ -151,8 +155,7 @@ def test_a_failed_dependency_cancels_its_dependents_and_theirs_after_the_commit(
     # "run": it goes on once its dependency has ended, failed or not.
     assert status(d.result) == "ready"
     assert wf.result.status == "running"
-    run(worker, d.result)
-    assert job_row(d.result).return_value == ["FAILED"]
+    assert run_enqueued_jobs().return_values() == [["FAILED"]]
     assert wf.result.status == "failed"
 
 
@@ -167,13 +170,14 @@ def test_run_anyway_counts_a_failed_dependency_as_ended(worker):
     assert status(m.result) == "ready"
 
 
-def test_fail_policy_fails_the_whole_workflow_and_cancels_the_rest(worker, commits):
+def test_fail_policy_fails_the_whole_workflow_and_cancels_the_rest():
     with workflow() as wf:
-        a = wf.add(wt.step, "a")
+        a = wf.add(wt.step, "a", fail=True)
         other = wf.add(wt.step, "other")
         later = wf.add(wt.step, "later", after=[other])
         wf.add(wt.step, "b", after=[a], on_dependency_failure="fail")
-    run(worker, a.result, fail=True, commits=commits)
+    # a alone (claimed first: the oldest), its follow-up (the cancel of the rest) with it.
+    assert run_enqueued_jobs(limit=1).outcomes == ["failed"]
     assert Workflow.objects.get(pk=wf.result.id).ended_as == "failed"
     assert status(other.result) == "failed" and status(later.result) == "failed"
     assert "django_jobs.exceptions.JobCancelled" in error_paths(other.result)
@@ -193,9 +197,8 @@ def test_retrying_the_failed_dependency_brings_its_dependents_back(worker, commi
     assert operator.retry_failed_job(DB, pk(a.result))
     assert [status(n.result) for n in (a, b, c)] == ["ready", "awaiting", "awaiting"]
     assert AwaitingExecution.objects.get(job_id=pk(c.result)).remaining == 1
-    run(worker, a.result)
-    run(worker, b.result)
-    run(worker, c.result)
+    report = run_enqueued_jobs()
+    assert [run.job_id for run in report] == [pk(a.result), pk(b.result), pk(c.result)]
     assert wf.result.status == "succeeded"
     assert job_row(c.result).attempts == 1
 
@@ -307,11 +310,12 @@ def test_a_batch_is_a_node_what_waits_for_it_waits_for_every_item(worker):
         last = wf.add(wt.merge, after=[batch])
     assert [status(r) for r in batch.results] == ["awaiting", "awaiting"]
     assert Batch.objects.get(pk=batch.batch_id).total == 2
-    run(worker, first.result)
-    for result in batch.results:
-        run(worker, result)
+    report = run_enqueued_jobs()
+    items = {pk(result) for result in batch.results}
+    assert report[0].job_id == pk(first.result)
+    assert {run.job_id for run in report[1:3]} == items
+    assert report[3].job_id == pk(last.result) and len(report) == 4
     assert Batch.objects.get(pk=batch.batch_id).finished_at is not None
-    run(worker, last.result)
     assert job_row(last.result).return_value == ["i1", "i2"]
 
 

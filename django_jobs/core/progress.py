@@ -26,6 +26,7 @@ last value reported is the last one written.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import numbers
 import threading
@@ -49,6 +50,14 @@ PROGRESS_INTERVAL = 1.0
 # soon as the last job that reported progress has ended (flush_progress).
 IDLE_CLOSE_AFTER = 5.0
 MESSAGE_MAX_LENGTH = 255
+
+# True while the test toolkit (django_jobs.testing) runs a job's body in the test's own
+# thread: its reports are kept for :func:`flush_progress`, which writes the last one in
+# that thread, on the test's connection, as the body ends. The writer thread's connection
+# would wait for the job's row, which the test's transaction holds, and the flush for it.
+held_reports: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "django_jobs_held_progress", default=False
+)
 
 
 @dataclass(frozen=True)
@@ -256,8 +265,14 @@ class ProgressWriter:
         self.databases: set[str] = set()  # aliases the writer thread has connected to
         self.close_requested = False
         self.closed = threading.Event()
+        # Reports kept for flush_progress alone (:data:`held_reports`): job id -> the last.
+        self.held: dict[int, tuple[str, Report]] = {}
 
     def report(self, job_id: int, db: str, report: Report) -> None:
+        if held_reports.get():
+            with self.changed:
+                self.held[job_id] = (db, report)
+            return
         with self.changed:
             entry = self.entries.get(job_id)
             if entry is None:
@@ -272,7 +287,18 @@ class ProgressWriter:
 
     def flush(self, job_id: int) -> None:
         with self.changed:
+            held = self.held.pop(job_id, None)
             entry = self.entries.get(job_id)
+        if held is not None:
+            try:
+                write_report(held[0], job_id, held[1])
+            except Exception as exc:  # progress must never fail a job
+                logger.warning(
+                    "could not write the progress of job %s (%s: %s)",
+                    job_id,
+                    type(exc).__name__,
+                    clip(safe_str(exc), 300),
+                )
         if entry is None:
             return
         written = self.write(entry, in_job_thread=True)

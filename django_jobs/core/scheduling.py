@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -33,16 +35,19 @@ def promote_due_jobs(db: str, batch_size: int) -> int:
     return len(due_ids)
 
 
-def promote_jobs(db: str, job_ids: list[int]) -> int:
+def promote_jobs(db: str, job_ids: list[int], *, due_by: datetime | None = None) -> int:
     """Admit the scheduled jobs of ``job_ids`` that are due, now rather than at the
     dispatcher's next round (a dependent with a concurrency key, just released: it could
     not take its semaphore in the transaction that released it). A row the dispatcher
-    holds or has already moved is skipped."""
+    holds or has already moved is skipped.
+
+    ``due_by``: the time a row must be due by, now if None (the test toolkit's time
+    travel, ``django_jobs.testing``, passes a later one)."""
     with transaction.atomic(using=db):
         due_ids = list(
             ScheduledExecution.objects.using(db)
             .select_for_update(skip_locked=True)
-            .filter(job_id__in=sorted(job_ids), scheduled_at__lte=timezone.now())
+            .filter(job_id__in=sorted(job_ids), scheduled_at__lte=due_by or timezone.now())
             .order_by("job_id")
             .values_list("job_id", flat=True)
         )

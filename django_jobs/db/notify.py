@@ -50,12 +50,14 @@ notification, which delays a worker until its next poll, nothing more.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import json
 import math
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from functools import cache, partial
 from typing import Any
 
@@ -156,7 +158,28 @@ def inline_payload(db: str, queues: Iterable[str]) -> str | None:
     return payload(queues) if notifier_for(db).quiet() else None
 
 
+# True while the test toolkit runs jobs in a test's own process (django_jobs.testing): no
+# worker listens there, and a notification would open the notifier's connection of its
+# own in the middle of a test (on the test database, which the test run then drops).
+_silenced: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "django_jobs_notify_silenced", default=False
+)
+
+
+@contextmanager
+def silenced() -> Iterator[None]:
+    """Notify nobody from this context while inside (:func:`jobs_ready`,
+    :func:`cancel_requested` and :func:`inline_payload` do nothing)."""
+    token = _silenced.set(True)
+    try:
+        yield
+    finally:
+        _silenced.reset(token)
+
+
 def enabled(db: str) -> bool:
+    if _silenced.get():
+        return False
     raw = getattr(settings, "DJANGO_JOBS", None) or {}
     return raw.get("listen_notify", True) is not False and supported(db)
 
