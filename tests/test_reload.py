@@ -20,7 +20,15 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_jobs.models import FailedExecution, JobStatus, Process
-from tests.harness import MANAGE, REPO_ROOT, RunJobs, database_url, job_row, wait_until
+from tests.harness import (
+    MANAGE,
+    REPO_ROOT,
+    RunJobs,
+    database_url,
+    job_row,
+    pid_alive,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
 
@@ -48,6 +56,7 @@ def version_when(started: str, go: str) -> str:
 
 RESTARTING = "changed; restarting run_jobs"
 STARTED = "run_jobs started (pid"
+STAYS_STOPPED = "run_jobs stays stopped until this file compiles"
 
 
 class TaskModule:
@@ -171,12 +180,17 @@ def test_a_syntax_error_stops_run_jobs_until_the_fix(run_reloading, task_module)
     proc = run_reloading()
     task_module.write("v2", extra="def broken(:\n    pass\n")
     line = MODULE.splitlines().index("{extra}") + 1
-    wait_until(lambda: "stays stopped until this file compiles" in proc.output(), 30)
+    wait_until(lambda: proc.count(STAYS_STOPPED) == 1, 30, what="the syntax error reported")
     assert f"{task_module.path}, line {line}: SyntaxError: " in proc.output()
     wait_until(lambda: not Process.objects.exists(), 30, what="run_jobs stopped")
 
-    # Enqueued while the code is broken: it waits, rather than fail for good at its import.
+    # Enqueued while the code is broken: it waits, where a worker would fail it for good at
+    # its import. A second broken save, seen by the reloader, gives a worker the time.
     waiting = task_module.enqueue()
+    task_module.write("v2", extra="def still_broken(:\n    pass\n")
+    wait_until(lambda: proc.count(STAYS_STOPPED) == 2, 30, what="the second save seen")
+    assert job_row(waiting).status == JobStatus.READY
+
     task_module.write("v3")
     wait_until(lambda: succeeded_with(waiting, "v3"), 60, what="v3's result")
     assert job_row(waiting).attempts == 1
@@ -254,3 +268,15 @@ def test_a_command_line_that_cannot_be_run_again_is_refused_clearly(transactiona
     drained = run("--once")
     assert drained.returncode == 0, drained
     assert job_row(result).status == JobStatus.SUCCEEDED
+
+
+def test_run_jobs_stops_by_itself_when_its_reloader_is_killed(run_reloading):
+    """Nothing left running unwatched: the reloaded run_jobs notices its parent is gone."""
+    proc = run_reloading()
+    tree = proc.tree()
+    assert Process.objects.exists()
+    proc.send(signal.SIGKILL)
+    proc.wait(10)
+    wait_until(lambda: not any(pid_alive(pid) for pid in tree), 60, what="run_jobs gone")
+    assert "shutting down gracefully (the reloader is gone)" in proc.output()
+    assert not Process.objects.exists()

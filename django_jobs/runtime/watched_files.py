@@ -4,9 +4,10 @@ The reloader cannot go by its own ``sys.modules`` as runserver's does: the task
 modules are imported by the workers, lazily, when a job of theirs is claimed
 (``tasks/loading.py``), so the process that watches has never imported them. It
 watches instead every ``*.py`` file under the project's directories (the
-settings' ``BASE_DIR`` and each ``sys.path`` entry outside the interpreter's own
-prefix and site-packages), plus the file of each module it has loaded itself
-(settings, models, URLconf, and the installed libraries, as runserver does).
+settings' ``BASE_DIR``, each ``sys.path`` entry and each loaded top-level
+package outside the interpreter's own prefix and site-packages), plus the file
+of each module it has loaded itself (settings, models, URLconf, and the
+installed libraries, as runserver does).
 
 Walking the project skips what is not the project's code: hidden directories
 (``.venv``, ``.git``, ``.tox``), any directory holding a ``pyvenv.cfg`` (a
@@ -60,6 +61,7 @@ def project_roots() -> list[Path]:
     if base_dir:
         candidates.append(Path(base_dir))
     candidates += [Path(entry or os.curdir) for entry in sys.path]
+    candidates += loaded_package_directories()
     interpreter = interpreter_directories()
     too_wide = {Path("/"), Path.home().resolve()}
     roots: list[Path] = []
@@ -79,6 +81,16 @@ def project_roots() -> list[Path]:
             roots.append(path)
     # A root inside another is walked with it.
     return [root for root in roots if not is_within(root.parent, roots)]
+
+
+def loaded_package_directories() -> list[Path]:
+    """The directory of each top-level package loaded here: where ``sys.path`` does not name
+    it (an editable install through an import hook), its other modules are the project's too."""
+    directories = []
+    for name, module in list(sys.modules.items()):
+        if "." not in name:
+            directories += [Path(entry) for entry in getattr(module, "__path__", None) or []]
+    return directories
 
 
 def is_virtualenv(directory: Path) -> bool:
