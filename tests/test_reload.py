@@ -9,6 +9,7 @@ run_jobs (and on this process's ``sys.path``, to enqueue), so no tracked file is
 from __future__ import annotations
 
 import importlib
+import itertools
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_jobs.models import FailedExecution, JobStatus, Process
+from django_jobs.runtime.reloader import SETTLE_INTERVAL
 from tests.harness import (
     MANAGE,
     REPO_ROOT,
@@ -138,7 +140,7 @@ def test_the_job_running_at_the_reload_finishes_and_is_not_run_again(
     run_reloading, task_module, tmp_path
 ):
     started, go = tmp_path / "started", tmp_path / "go"
-    proc = run_reloading()
+    proc = run_reloading(env={"JOBS_SHUTDOWN_TIMEOUT": "60"})  # ample for a loaded machine
     running = task_module.enqueue("version_when", str(started), str(go))
     wait_until(started.exists, 30, what="the job running")
 
@@ -162,15 +164,21 @@ def test_a_burst_of_edits_restarts_once(run_reloading, task_module, tmp_path):
         other.write_text("VALUE = 0\n")
     proc = run_reloading()
 
-    # Ten saves over two seconds, as a formatter or a checkout writes them: every poll
-    # of the reloader (each second) sees some, and none ends the burst early.
-    for i in range(10):
+    # Forty saves over four seconds, longer than a poll and a stop of run_jobs together:
+    # without the wait for the burst to end, the reloader would restart at the first poll
+    # that sees some, and again at a later one. No pause between two saves is long enough
+    # to end the burst.
+    saved = [time.monotonic()]
+    for i in range(40):
         others[i % len(others)].write_text(f"VALUE = {i + 1}\n")
-        time.sleep(0.2)
+        time.sleep(0.1)
+        saved.append(time.monotonic())
     task_module.write("v2")
     wait_for_reloads(proc, 1)
     result = task_module.enqueue()
     wait_until(lambda: succeeded_with(result, "v2"), 30, what="v2's result")
+    longest = max(later - earlier for earlier, later in itertools.pairwise(saved))
+    assert longest < SETTLE_INTERVAL, f"this machine paused the test {longest:.2f}s"
     assert proc.count(RESTARTING) == 1, proc.output()
     assert proc.count(STARTED) == 2, proc.output()
     stop(proc)
