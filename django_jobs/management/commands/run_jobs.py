@@ -13,6 +13,12 @@ from django_jobs.checks import known_queues, unknown_queue_patterns
 from django_jobs.conf import JobsSettings
 from django_jobs.runtime.lifecycle import Lifecycle
 from django_jobs.runtime.logs import configure_logging
+from django_jobs.runtime.reloader import (
+    ReloadUnavailable,
+    run_reloading,
+    under_reloader,
+    watch_reloader,
+)
 from django_jobs.runtime.single import run_single_process
 from django_jobs.runtime.supervisor import Supervisor, prune_stale
 
@@ -76,8 +82,15 @@ class Command(BaseCommand):
             action="store_true",
             help="Run what is ready (and due) in one process, then exit.",
         )
+        parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="Development: restart (gracefully) when a Python file of the project changes.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["reload"]:
+            refuse_with_reload(options, getattr(self, "_called_from_command_line", False))
         overrides = {
             "queues": options["queues"],
             "processes": options["processes"],
@@ -99,6 +112,11 @@ class Command(BaseCommand):
         configure_logging(verbosity)
         lifecycle = Lifecycle()
         lifecycle.install_signal_handlers()
+        if options["reload"]:
+            if not under_reloader():
+                self.reload(conf, lifecycle)
+                return
+            watch_reloader(lifecycle)  # the reloaded command itself
         prune_stale(conf)
         # Pruned as dead by another process: exit non-zero, for a process manager to restart.
         if options["once"] or conf.single_process:
@@ -123,6 +141,33 @@ class Command(BaseCommand):
         if code:
             why = lifecycle.broken or "this process was pruned as dead"
             raise CommandError(f"stopped: {why}", returncode=code)
+
+    def reload(self, conf: JobsSettings, lifecycle: Lifecycle) -> None:
+        """Run this command line again as a child, restarted when the code changes."""
+        try:
+            code = run_reloading(conf, lifecycle)
+        except ReloadUnavailable as exc:
+            raise CommandError(f"--reload: {exc}; run_jobs without --reload works") from exc
+        if code:
+            raise CommandError(f"run_jobs exited with code {code}", returncode=code)
+
+
+def refuse_with_reload(options: dict[str, Any], from_command_line: bool) -> None:
+    """What ``--reload`` cannot work with, refused before anything starts.
+
+    Every other option is handed to the reloaded command as it was given
+    (``--single-process`` and recycling included: each run is reloaded whole).
+    """
+    if options["once"]:
+        raise CommandError(
+            "--reload and --once exclude each other: --once drains the queues and exits, "
+            "so there is nothing to restart; use --reload alone (or with --single-process)"
+        )
+    if not from_command_line:
+        raise CommandError(
+            "--reload runs this command again from its command line: start it as "
+            "`manage.py run_jobs --reload`, not through call_command()"
+        )
 
 
 def refuse_unknown_queues(conf: JobsSettings, flag: str | None) -> None:

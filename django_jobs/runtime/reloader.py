@@ -1,0 +1,242 @@
+"""``run_jobs --reload``: run ``run_jobs`` as a child process, restart it when the code changes.
+
+The whole command is restarted, as runserver restarts the whole server, not
+the workers alone: the supervisor and its warm parent (``runtime/warm.py``)
+hold the modules they imported at start (settings, models, whatever those
+import), and every worker is a fork of them, so only a fresh interpreter runs
+the code as it is on disk.
+
+The reloader is the process the user started. It sets Django up (so bad flags
+and settings fail once, at start), then runs the same command line again as
+its child, with ``RELOADER_ENV`` naming itself, and polls the watched files
+(``runtime/watched_files.py``). A change, once the burst it belongs to has
+settled (a save of several files, a ``git checkout``, a formatter), stops the
+child with SIGTERM, the graceful stop of docs/running.md "Stopping", and waits
+for it: running jobs finish or are handed back, within the shutdown timeout.
+Then, if every changed file compiles, a new child starts. A file that does not
+compile leaves ``run_jobs`` stopped, the error logged, until a later change
+fixes it: a worker started on it would fail each job whose task it cannot
+import, for good (``executor.fail_unloadable``). A child that exits by itself
+(a failed check, an import error at start) is not started again until a file
+changes: no crash loop.
+
+The child runs in a process group of its own, so a Ctrl-C in the terminal
+reaches the reloader only, which forwards it: a first one stops the child
+gracefully, a second one at once (SIGQUIT), as ``run_jobs`` alone does. A child
+whose reloader is gone stops gracefully by itself (``watch_reloader``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from django.db import connections
+from django.utils.autoreload import get_child_arguments
+
+from django_jobs.conf import JobsSettings
+from django_jobs.runtime.lifecycle import Lifecycle
+from django_jobs.runtime.watched_files import Watcher, project_roots
+from django_jobs.text import jobs_logger
+
+logger = jobs_logger("django_jobs.reloader")
+
+# Set in the child's environment to the reloader's pid: a run_jobs whose parent
+# it names is the reloaded command, and runs instead of reloading.
+RELOADER_ENV = "DJANGO_JOBS_RELOADER"
+
+POLL_INTERVAL = 1.0  # seconds between two polls of the watched files, as StatReloader's
+SETTLE_INTERVAL = 0.5  # a burst of changes has ended after one such poll finds none
+MAX_BURST = 5.0  # changes that never settle restart after this long all the same
+NAMED_FILES = 3  # how many changed files a log line names
+
+
+class ReloadUnavailable(Exception):
+    """``--reload`` cannot run here; the message says why and what to do instead."""
+
+
+def under_reloader() -> bool:
+    """True in the command a reloader started (not in one started by hand)."""
+    return os.environ.get(RELOADER_ENV) == str(os.getppid())
+
+
+def watch_reloader(lifecycle: Lifecycle) -> None:
+    """Stop gracefully once the reloader is gone (killed), rather than run on unwatched.
+
+    The thread sleeps holding no lock, so the supervisor's later fork of its
+    warm parent inherits nothing of it.
+    """
+    reloader = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == reloader:
+            time.sleep(1.0)
+        lifecycle.request_stop("the reloader is gone")
+
+    threading.Thread(target=watch, name="django-jobs-reloader-watch", daemon=True).start()
+
+
+def run_reloading(conf: JobsSettings, lifecycle: Lifecycle) -> int:
+    """Run the command line as a child until a stop signal; ReloadUnavailable if it cannot."""
+    command = child_command()
+    roots = project_roots()
+    if not roots:
+        logger.warning(
+            "--reload found no directory of the project to watch (settings.BASE_DIR, or a "
+            "sys.path entry outside the interpreter's prefix and site-packages): only the "
+            "modules loaded at start are watched, not the task modules"
+        )
+    watcher = Watcher(roots)
+    logger.info(
+        "--reload: watching %d files, the project's under %s (polled every %gs)",
+        len(watcher.stamps),
+        ", ".join(str(root) for root in roots) or "no directory",
+        POLL_INTERVAL,
+    )
+    connections.close_all()  # each child opens its own; this process needs none
+    # A child's graceful stop: its shutdown timeout and interrupt grace, the
+    # supervisor's 5 s for the outcomes, and room for its own start.
+    stop_timeout = conf.shutdown_timeout + conf.interrupt_grace + 5.0 + 30.0
+    code = Reloader(command, watcher, lifecycle, stop_timeout).run()
+    return max(code, 0)  # a child killed by the forwarded signal was stopped as asked
+
+
+def child_command() -> list[str]:
+    """This process's own command line, to run again (``manage.py``, ``django-admin``,
+    ``python -m django``), as runserver's reloader builds it."""
+    try:
+        return [str(arg) for arg in get_child_arguments()]
+    except RuntimeError as exc:
+        raise ReloadUnavailable(f"cannot find this command line to run it again ({exc})") from exc
+
+
+def syntax_errors(paths: Iterable[Path]) -> dict[Path, str]:
+    """The Python files among ``paths`` that do not compile, each with its error."""
+    errors: dict[Path, str] = {}
+    for path in paths:
+        if path.suffix != ".py":
+            continue
+        try:
+            source = path.read_bytes()
+        except OSError:
+            continue  # deleted: nothing will import it
+        try:
+            compile(source, str(path), "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as exc:
+            line = getattr(exc, "lineno", None)
+            where = f"{path}, line {line}" if line else str(path)
+            errors[path] = f"{where}: {type(exc).__name__}: {getattr(exc, 'msg', exc)}"
+    return errors
+
+
+def describe(paths: set[Path]) -> str:
+    names = sorted(str(path) for path in paths)
+    shown = ", ".join(names[:NAMED_FILES])
+    return shown if len(names) <= NAMED_FILES else f"{shown} and {len(names) - NAMED_FILES} more"
+
+
+class Reloader:
+    """Runs ``command`` as a child, and again after each settled change of the code."""
+
+    def __init__(
+        self, command: list[str], watcher: Watcher, lifecycle: Lifecycle, stop_timeout: float
+    ) -> None:
+        self.command = command
+        self.watcher = watcher
+        self.lifecycle = lifecycle
+        self.stop_timeout = stop_timeout
+        self.child: subprocess.Popen[bytes] | None = None
+        self.broken: dict[Path, str] = {}
+
+    def run(self) -> int:
+        """Until a stop signal; then the child's exit code (0 if none was running)."""
+        self.start()
+        while not self.lifecycle.stopping.is_set():
+            self.lifecycle.sleep(POLL_INTERVAL)
+            if self.lifecycle.stopping.is_set():
+                break
+            self.notice_exit()
+            changed = self.watcher.poll()
+            if changed:
+                self.reload(changed | self.settle())
+        return self.stop()
+
+    def start(self) -> None:
+        env = {**os.environ, RELOADER_ENV: str(os.getpid())}
+        self.child = subprocess.Popen(self.command, env=env, process_group=0)
+        logger.info("run_jobs started (pid %d); reloading it when the code changes", self.child.pid)
+
+    def settle(self) -> set[Path]:
+        """Further changes of the same burst, until a poll finds none: one restart for
+        a save of ten files, not ten."""
+        changed: set[Path] = set()
+        deadline = time.monotonic() + MAX_BURST
+        while time.monotonic() < deadline and not self.lifecycle.stopping.is_set():
+            self.lifecycle.sleep(SETTLE_INTERVAL)
+            more = self.watcher.poll()
+            if not more:
+                break
+            changed |= more
+        return changed
+
+    def reload(self, changed: set[Path]) -> None:
+        logger.info("%s changed; restarting run_jobs", describe(changed))
+        self.stop()
+        if self.lifecycle.stopping.is_set():
+            return
+        changed |= self.watcher.poll()  # edits made while the child stopped
+        self.broken = syntax_errors(changed | set(self.broken))
+        if self.broken:
+            for error in self.broken.values():
+                logger.error("--reload: %s", error)
+            logger.error(
+                "run_jobs stays stopped until %s compiles; watching for the fix",
+                "this file" if len(self.broken) == 1 else "these files",
+            )
+            return
+        self.start()
+
+    def notice_exit(self) -> None:
+        """A child that exited by itself waits for a change of the code, not a restart
+        loop: whatever stopped it (a failed check, an import error) is in the code."""
+        if self.child is None or self.child.poll() is None:
+            return
+        logger.error(
+            "run_jobs exited by itself (code %d); it starts again when a watched file changes",
+            self.child.returncode,
+        )
+        self.child = None
+
+    def stop(self) -> int:
+        """Stop the child gracefully (at once after a second Ctrl-C); its exit code."""
+        child, self.child = self.child, None
+        if child is None:
+            return 0
+        immediate = self.lifecycle.immediate.is_set()
+        self.signal(child, signal.SIGQUIT if immediate else signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout
+        while child.poll() is None:
+            if time.monotonic() > deadline:
+                logger.error("run_jobs (pid %d) did not stop; killing it", child.pid)
+                child.kill()
+                return child.wait()
+            if self.lifecycle.immediate.is_set() and not immediate:
+                immediate = True
+                self.signal(child, signal.SIGQUIT)
+            try:
+                child.wait(0.1)
+            except subprocess.TimeoutExpired:
+                pass
+        return child.returncode
+
+    @staticmethod
+    def signal(child: subprocess.Popen[bytes], signum: int) -> None:
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass

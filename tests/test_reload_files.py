@@ -1,0 +1,117 @@
+"""What ``run_jobs --reload`` watches and what it calls a change, on real directories."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from pathlib import Path
+
+from django_jobs.runtime.reloader import describe, syntax_errors
+from django_jobs.runtime.watched_files import (
+    Watcher,
+    changed_files,
+    project_files,
+    project_roots,
+    snapshot,
+)
+
+
+def make_project(root: Path) -> None:
+    """A project as found on disk: code, and beside it what is not the project's code."""
+    for relative in [
+        "manage.py",
+        "shop/tasks.py",
+        "shop/sub/models.py",
+        ".venv/lib/python3.12/site-packages/lib.py",
+        "env/lib/python3.12/site-packages/lib.py",
+        "frontend/node_modules/pkg/build.py",
+        "shop/__pycache__/tasks.py",
+        ".git/hooks/hook.py",
+        "shop/notes.txt",
+    ]:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x = 1\n")
+    (root / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")  # a virtualenv, any name
+
+
+def test_project_files_are_the_project_code_without_virtualenvs_or_caches(tmp_path):
+    make_project(tmp_path)
+    found = {path.relative_to(tmp_path).as_posix() for path in project_files([tmp_path])}
+    assert found == {"manage.py", "shop/tasks.py", "shop/sub/models.py"}
+
+
+def test_project_roots_are_base_dir_and_sys_path_outside_the_interpreter(
+    tmp_path, settings, monkeypatch, caplog
+):
+    project, pythonpath = tmp_path / "project", tmp_path / "extra"
+    make_project(project)
+    pythonpath.mkdir()
+    settings.BASE_DIR = project / "shop"  # inside a sys.path root: walked with it
+    site_packages = next(Path(p) for p in sys.path if p.endswith("site-packages"))
+    monkeypatch.setattr(
+        sys,
+        "path",
+        [str(project), str(site_packages), str(project / "env"), str(pythonpath), str(Path.home())],
+    )
+    with caplog.at_level(logging.WARNING, "django_jobs.reloader"):
+        roots = project_roots()
+    assert roots[:2] == [project, pythonpath]
+    for outside in (site_packages, project / "env", project / "shop", Path.home()):
+        assert not any(root == outside.resolve() for root in roots), (outside, roots)
+    assert f"--reload does not watch {Path.home().resolve()} as a whole" in caplog.text
+
+
+def test_a_loaded_package_that_sys_path_does_not_name_is_a_root(tmp_path, monkeypatch):
+    """As an editable install through an import hook is: its other modules are watched."""
+    package = tmp_path / "hooked_pkg_for_reload"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module(package.name)
+    try:
+        monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+        assert package in project_roots()
+    finally:
+        sys.modules.pop(package.name)
+
+
+def test_an_edit_or_a_deletion_is_a_change_a_new_file_is_not(tmp_path):
+    edited, deleted, kept = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    for path in (edited, deleted, kept):
+        path.write_text("x = 1\n")
+    watcher = Watcher([tmp_path])
+    assert watcher.poll() == set()
+
+    edited.write_text("x = 2\n")
+    deleted.unlink()
+    (tmp_path / "new.py").write_text("x = 1\n")
+    assert watcher.poll() == {edited, deleted}
+    assert watcher.poll() == set()
+
+
+def test_a_same_size_rewrite_by_rename_is_a_change(tmp_path):
+    """An editor that saves by renaming a new file over the old: same size, maybe the same
+    timestamp tick, but another inode."""
+    path = tmp_path / "a.py"
+    path.write_text("x = 1\n")
+    before = snapshot([path])
+    replacement = tmp_path / "a.py.tmp"
+    replacement.write_text("x = 2\n")
+    replacement.replace(path)
+    assert changed_files(before, snapshot([path])) == {path}
+
+
+def test_syntax_errors_name_the_file_and_line(tmp_path):
+    good, bad, gone = tmp_path / "good.py", tmp_path / "bad.py", tmp_path / "gone.py"
+    good.write_text("x = 1\n")
+    bad.write_text("x = 1\nif x\n    pass\n")
+    assert syntax_errors([good, bad, gone, tmp_path / "lib.so"]) == {
+        bad: f"{bad}, line 2: SyntaxError: expected ':'"
+    }
+
+
+def test_describe_names_a_few_files():
+    paths = {Path(f"/p/{name}.py") for name in "abcde"}
+    assert describe(paths) == "/p/a.py, /p/b.py, /p/c.py and 2 more"
