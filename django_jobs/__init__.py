@@ -43,8 +43,8 @@ def bulk_enqueue(calls: Iterable[Call], *, backend: str | None = None) -> list[T
     """Enqueue ``[(task, args, kwargs), ...]`` in one transaction and a few queries.
 
     Every task must use the same backend (``backend`` defaults to the first task's).
-    Under another backend than ours (Django's in test settings), each call is enqueued
-    in turn with ``task.enqueue``.
+    Under Django's ``ImmediateBackend`` or ``DummyBackend`` (test settings), each call is
+    enqueued in turn with ``task.enqueue``; any other backend raises ``NeedsJobsBackend``.
     """
     from django.tasks import task_backends
 
@@ -58,8 +58,12 @@ def bulk_enqueue(calls: Iterable[Call], *, backend: str | None = None) -> list[T
         raise ValueError("bulk_enqueue() takes tasks of one backend at a time")
     target = task_backends[alias]
     if not hasattr(target, "bulk_enqueue"):
-        # Another backend (Django's ImmediateBackend or DummyBackend in test settings):
-        # each call enqueued in turn, as that backend enqueues one.
+        from django_jobs.tasks.other_backends import is_django_test_backend, needs_jobs_backend
+
+        if not is_django_test_backend(target):
+            raise needs_jobs_backend(alias, "bulk_enqueue()")
+        # Django's ImmediateBackend or DummyBackend (test settings): each call enqueued
+        # in turn, as that backend enqueues one; nothing there to be all or nothing about.
         return [task.enqueue(*args, **kwargs) for task, args, kwargs in calls]
     return target.bulk_enqueue(calls)
 

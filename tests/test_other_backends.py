@@ -14,6 +14,8 @@ import subprocess
 import sys
 
 import pytest
+from django.tasks import Task
+from django.tasks.backends.base import BaseTaskBackend
 
 from tests.harness import REPO_ROOT
 
@@ -152,3 +154,56 @@ def test_a_run_of_another_backend_is_followed_through_nesting_and_ours_is_not():
     note_finish(ImmediateBackend)
     note_finish(JobsBackend)
     assert not other_backend_running()
+
+
+class ThirdPartyTask(Task):
+    """A task class of some other backend's own."""
+
+
+class ThirdPartyBackend(BaseTaskBackend):
+    """Neither ours nor one of Django's test backends: it records what it is given."""
+
+    task_class = ThirdPartyTask
+
+    def __init__(self, alias, params):
+        super().__init__(alias, params)
+        self.enqueued: list = []
+
+    def enqueue(self, task, args, kwargs):
+        self.enqueued.append((task, args, kwargs))
+        raise AssertionError("nothing here enqueues through a third-party backend")
+
+
+def echo(value: str) -> str:
+    return value
+
+
+@pytest.fixture
+def third_party(settings):
+    from django.tasks import task_backends
+
+    settings.TASKS = {
+        **settings.TASKS,
+        "third": {"BACKEND": "tests.test_other_backends.ThirdPartyBackend"},
+    }
+    task_backends._settings = None
+    yield "third"
+    task_backends._settings = None
+
+
+def test_another_backends_own_task_class_is_kept_unless_our_options_need_ours(third_party):
+    from django_jobs import bulk_enqueue, task
+    from django_jobs.exceptions import IgnoredJobOptions, NeedsJobsBackend
+    from django_jobs.tasks import other_backends
+    from django_jobs.tasks.job_task import JobTask
+
+    plain = task(echo, backend=third_party)
+    assert type(plain) is ThirdPartyTask
+    other_backends.warned = False
+    with pytest.warns(IgnoredJobOptions, match="ThirdPartyBackend"):
+        keyed = task(echo, backend=third_party, max_attempts=2)
+    assert isinstance(keyed, JobTask) and keyed.max_attempts == 2
+    # Not one of Django's test backends: no one-by-one stand-in for a bulk enqueue that
+    # promises all or nothing.
+    with pytest.raises(NeedsJobsBackend, match=r"bulk_enqueue\(\) needs a django-jobs backend"):
+        bulk_enqueue([(plain, ["a"], {}), (plain, ["b"], {})])

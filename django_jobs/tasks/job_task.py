@@ -578,10 +578,13 @@ def task(
 
     def wrapper(func: Callable[..., Any]) -> Task[..., Any]:
         task_class: Callable[..., Task[..., Any]] = task_backends[backend].task_class
-        if not issubclass(task_backends[backend].task_class, JobTask):
+        if not issubclass(task_backends[backend].task_class, JobTask) and (
+            options or task_class is Task
+        ):
             # Another backend (Django's ImmediateBackend in test settings): the task is
             # ours all the same (``using()`` takes our options), its options checked,
-            # and that backend ignores them.
+            # and that backend ignores them. A backend's own task class is kept where
+            # no option needs ours.
             if options:
                 from django_jobs.tasks.other_backends import warn_ignored_options
 

@@ -9,7 +9,8 @@ every ``@task(max_attempts=3)`` into an error at import. So under another backen
   ever, so a typo fails in the tests too), and the backend ignores them: one
   :class:`~django_jobs.exceptions.IgnoredJobOptions` warning per process says so;
 - what only our backend can do refuses clearly (``workflow()``, ``chain()``,
-  ``enqueue_batch()``, ``after=``): :func:`needs_jobs_backend`;
+  ``enqueue_batch()``, ``after=``): :func:`needs_jobs_backend`; ``bulk_enqueue()`` enqueues
+  each call in turn under Django's two test backends, and refuses under any other;
 - the functions a task body calls work as they do for a job that waited for nothing
   and cannot be cancelled: ``set_progress()`` keeps nothing, ``dependency_results()`` is
   empty, ``cancel_requested()`` is False. Django's backends announce each run with the
@@ -41,6 +42,14 @@ warned = False
 
 def is_ours(backend: BaseTaskBackend) -> bool:
     return isinstance(backend, JobsBackendBase)
+
+
+def is_django_test_backend(backend: BaseTaskBackend) -> bool:
+    """Django's ``ImmediateBackend`` or ``DummyBackend`` (ours that subclass them too)."""
+    from django.tasks.backends.dummy import DummyBackend
+    from django.tasks.backends.immediate import ImmediateBackend
+
+    return isinstance(backend, ImmediateBackend | DummyBackend)
 
 
 def describe(alias: str) -> str:
