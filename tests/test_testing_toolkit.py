@@ -9,6 +9,7 @@ and their rows end in, read back from the database, not what the toolkit says it
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from datetime import timedelta
@@ -24,7 +25,7 @@ import django_jobs
 from django_jobs import enqueue_batch, enqueue_on_commit, workflow
 from django_jobs.core.dependencies import DEPENDENCY_FAILED_ERROR
 from django_jobs.db import notify
-from django_jobs.models import Job, JobStatus, RecurringExecution
+from django_jobs.models import ClaimedExecution, Job, JobStatus, RecurringExecution
 from django_jobs.testing import (
     JobsNotReady,
     Outcome,
@@ -56,6 +57,8 @@ def later(**delta: float):
 class WhatEveryTestCaseChecks:
     """The tests both kinds of Django test case run: once inside a transaction that never
     commits (``TestCase``), once in autocommit (``TransactionTestCase``)."""
+
+    inside_a_transaction: bool
 
     def test_jobs_enqueued_by_jobs_run_in_the_same_call_in_claim_order(self):
         t.add.enqueue(1, 2)
@@ -145,9 +148,108 @@ class WhatEveryTestCaseChecks:
         # which the test's transaction holds (InnoDB: 50 s, then the value is lost).
         assert t.notes() == ["the writer thread does not have it"]
 
+    def test_a_body_that_breaks_a_constraint_fails_and_the_test_goes_on(self):
+        """The write before the error is kept in autocommit, as in a worker; inside a
+        TestCase the error marks the test's transaction for rollback, so the body's
+        writes are rolled back, and the run, the log and assert_all_succeeded say so."""
+        t.breaks_a_unique_constraint.enqueue("dup")
+        t.add.enqueue(2, 2)
+        watch = self.assertLogs if self.inside_a_transaction else self.assertNoLogs
+        with watch("django_jobs.testing", "WARNING") as logged:
+            report = run_enqueued_jobs()
+        assert report.outcomes == ["failed", "succeeded"]
+        assert report[0].error is not None and "IntegrityError" in str(report[0].error)
+        with pytest.raises(AssertionError) as raised:
+            report.assert_all_succeeded()
+        if not self.inside_a_transaction:
+            assert t.notes() == ["before the error dup", "add 2 2"]
+            assert report.rolled_back == [] and report[0].rolled_back is None
+            assert "rolled back" not in str(raised.value)
+            return
+        assert t.notes() == ["add 2 2"]
+        assert report.rolled_back == [report[0]]
+        assert "marked the test's transaction for rollback" in (report[0].rolled_back or "")
+        (line,) = logged.output
+        assert f"job {report[0].job_id} (tests.toolkit_tasks.breaks_a_unique_constraint)" in line
+        assert "its body's writes were rolled back" in line and "TransactionTestCase" in line
+        assert "-> failed (django.db.utils.IntegrityError" in str(raised.value)
+        assert "[its writes were rolled back: a database error" in str(raised.value)
+        assert "wrap the write that may fail in its own transaction.atomic()" in str(raised.value)
+
+    def test_a_body_that_catches_a_database_error_and_goes_on(self):
+        """In autocommit both succeed, as in a worker. Inside a TestCase the one without
+        an atomic() of its own around the failing write gets TransactionManagementError
+        at its next query, and its writes are rolled back: reported as such."""
+        t.catches_a_constraint_error.enqueue("unguarded", guarded=False)
+        t.catches_a_constraint_error.enqueue("guarded", guarded=True)
+        report = run_enqueued_jobs()
+        unguarded = ["unguarded before", "unguarded caught", "unguarded after"]
+        guarded = ["guarded before", "guarded caught", "guarded after"]
+        if not self.inside_a_transaction:
+            assert report.outcomes == ["succeeded", "succeeded"] and not report.rolled_back
+            assert t.notes() == [*unguarded, *guarded]
+            return
+        assert report.outcomes == ["failed", "succeeded"]
+        error = report[0].error
+        assert error is not None and error.exception_class_path.endswith(
+            "TransactionManagementError"
+        )
+        assert report.rolled_back == [report[0]]
+        assert "its TransactionManagementError is that mark too" in (report[0].rolled_back or "")
+        assert t.notes() == guarded
+
+    def test_a_body_that_catches_a_raw_database_error_and_returns(self):
+        """A failed raw statement aborts a PostgreSQL transaction, not a MariaDB or
+        SQLite one: inside a TestCase, on PostgreSQL alone, the body's writes are lost."""
+        t.catches_a_raw_error.enqueue("raw")
+        report = run_enqueued_jobs()
+        assert report.outcomes == ["succeeded"]
+        if self.inside_a_transaction and connection.vendor == "postgresql":
+            assert t.notes() == []
+            assert "the database refused to go on" in (report[0].rolled_back or "")
+            with pytest.raises(AssertionError, match="its writes were rolled back"):
+                report.assert_all_succeeded()
+        else:
+            assert t.notes() == ["raw before"] and report[0].rolled_back is None
+            report.assert_all_succeeded()
+
+    def test_a_body_may_open_a_durable_block_where_the_test_may(self):
+        """Allowed where the test itself may open one (directly in a TestCase, or in
+        autocommit), refused inside a block of the test's own, as Django refuses it."""
+        t.durable_write.enqueue("first")
+        run_enqueued_jobs().assert_all_succeeded()
+        assert t.notes() == ["durable first"]
+        t.durable_write.enqueue("nested")
+        with transaction.atomic():
+            (run,) = run_enqueued_jobs()
+        assert run.outcome == Outcome.FAILED and run.error is not None
+        assert run.error.exception_class_path == "builtins.RuntimeError"
+        assert "durable atomic block cannot be nested" in run.error.message
+
+    def test_ctrl_c_in_a_body_settles_its_job_and_stops_the_run(self):
+        """A real SIGINT in the body: the attempt is recorded as failed (retried, as a
+        body a worker's stop interrupts), then KeyboardInterrupt reaches the test."""
+        interrupted = t.waits_for_ctrl_c.enqueue()
+        after = t.add.enqueue(1, 1)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                run_enqueued_jobs()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        row = job_row(interrupted)
+        assert (row.status, row.attempts) == (JobStatus.SCHEDULED, 1)
+        assert error_paths(interrupted) == ["builtins.KeyboardInterrupt"]
+        assert status(after) == JobStatus.READY  # the run stopped there
+        assert t.notes() == ["waiting for Ctrl-C"]
+        assert not ClaimedExecution.objects.exists()
+        assert not django_jobs.models.Process.objects.exists()
+
 
 class TestInsideATestCase(WhatEveryTestCaseChecks, TestCase):
     """Inside the test's transaction: nothing commits, and no second connection."""
+
+    inside_a_transaction = True
 
     def test_retries_with_backoff_run_by_time_travel(self):
         result = t.flaky.enqueue("sync", succeed_on=3)
@@ -288,14 +390,6 @@ class TestInsideATestCase(WhatEveryTestCaseChecks, TestCase):
         assert_enqueued(t.forever, args=[25], count=1)
         assert not django_jobs.models.Process.objects.exists()
 
-    def test_a_body_that_breaks_a_constraint_fails_and_the_test_goes_on(self):
-        t.breaks_a_unique_constraint.enqueue("dup")
-        t.add.enqueue(2, 2)
-        report = run_enqueued_jobs()
-        assert report.outcomes == ["failed", "succeeded"]
-        assert report[0].error is not None and "IntegrityError" in str(report[0].error)
-        assert "add 2 2" in t.notes()
-
     def test_a_body_that_raises_keeps_what_it_wrote_as_in_a_worker(self):
         t.fails_after_writing.enqueue("x")
         assert run_enqueued_jobs().outcomes == ["failed"]
@@ -371,6 +465,8 @@ class TestInsideATestCase(WhatEveryTestCaseChecks, TestCase):
 class TestInAutocommit(WhatEveryTestCaseChecks, TransactionTestCase):
     """Every step commits, as in a worker (on MariaDB, hot_transaction's own
     START TRANSACTION and COMMIT)."""
+
+    inside_a_transaction = False
 
     def test_no_notification_is_sent_while_the_runner_runs(self):
         """The runner sends nobody a NOTIFY (a notifier would hold a connection of its

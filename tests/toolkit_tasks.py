@@ -7,10 +7,13 @@ transaction.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
+from django.db import DatabaseError, IntegrityError, connection, transaction
 
 import django_jobs
 from django_jobs import Snooze, enqueue_on_commit, set_progress
@@ -139,3 +142,54 @@ def cancels_itself(context) -> None:
     """Asks for its own cancel, then fails: a cancelled job is never retried."""
     django_jobs.cancel(context.task_result.id)
     raise RuntimeError("stopping after my cancel request")
+
+
+@jobs_task(max_attempts=1)
+def catches_a_constraint_error(username: str, guarded: bool) -> str:
+    """Catches the IntegrityError of a duplicate and goes on, as code that expects it
+    may: ``guarded`` with the write in an ``atomic()`` of its own, else without."""
+    note(f"{username} before")
+    User.objects.create(username=username)
+    try:
+        if guarded:
+            with transaction.atomic():
+                User.objects.create(username=username)
+        else:
+            User.objects.create(username=username)
+    except IntegrityError:
+        note(f"{username} caught")
+    note(f"{username} after")
+    return "ok"
+
+
+@jobs_task(max_attempts=1)
+def catches_a_raw_error(label: str) -> str:
+    """A raw statement fails and the body catches it and returns: on PostgreSQL that
+    aborts the transaction, elsewhere not."""
+    note(f"{label} before")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT * FROM toolkit_no_such_table")
+    except DatabaseError:
+        pass
+    return label
+
+
+@jobs_task
+def durable_write(label: str) -> str:
+    """Writes in a durable block, as code that must commit right there does."""
+    with transaction.atomic(durable=True):
+        note(f"durable {label}")
+    return label
+
+
+@jobs_task(max_attempts=2)
+def waits_for_ctrl_c() -> None:
+    """Sends its own process SIGINT, as Ctrl-C in the terminal does, and waits for the
+    KeyboardInterrupt it raises in this (the main) thread."""
+    note("waiting for Ctrl-C")
+    os.kill(os.getpid(), signal.SIGINT)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    raise RuntimeError("no KeyboardInterrupt came within 10 s")

@@ -46,9 +46,9 @@ from django_jobs.runtime.lifecycle import Lifecycle
 from django_jobs.tasks.loading import load_task
 from django_jobs.tasks.results import build_result
 from django_jobs.testing.errors import RunawayJobs
-from django_jobs.testing.report import ErrorRecord, JobRun, Outcome, RunReport
+from django_jobs.testing.report import ROLLED_BACK_HELP, ErrorRecord, JobRun, Outcome, RunReport
 from django_jobs.testing.transactions import run_body, step
-from django_jobs.text import jobs_logger
+from django_jobs.text import clip, jobs_logger, safe_str
 
 logger = jobs_logger("django_jobs.testing")
 
@@ -223,15 +223,31 @@ class Runner:
         began = time.monotonic()
         held = held_reports.set(True)
         try:
-            value = run_body(self.db, lambda: run_watched(task, job, result, self.ctx, None))
-        except BaseException as exc:  # as a worker: whatever the task raised is its outcome
-            with step(self.db):
-                settle_failure(job, task, result, self.ctx, None, exc, time.monotonic() - began)
-        else:
-            self.finish(Success(job, task, result, value, time.monotonic() - began))
+            end = run_body(self.db, lambda: run_watched(task, job, result, self.ctx, None))
+            if end.rolled_back:
+                logger.warning(
+                    "job %s (%s): its body's writes were rolled back: %s. %s",
+                    job.pk,
+                    job.task_path,
+                    end.rolled_back,
+                    ROLLED_BACK_HELP,
+                )
+            if end.raised is not None:
+                # As a worker: whatever the task raised is its outcome (a failed attempt,
+                # retried while attempts remain, or a snooze).
+                with step(self.db):
+                    settle_failure(
+                        job, task, result, self.ctx, None, end.raised, time.monotonic() - began
+                    )
+            else:
+                self.finish(Success(job, task, result, end.value, time.monotonic() - began))
         finally:
             held_reports.reset(held)
-        self.record(job, failures_before)
+        self.record(job, failures_before, end.rolled_back)
+        if isinstance(end.raised, KeyboardInterrupt):
+            # Ctrl-C in the body: recorded as the failed attempt a worker's stop
+            # deadline makes of a body it interrupts, then the test is let go.
+            raise end.raised
 
     def finish(self, success: Success) -> None:
         """Record a success as the completer does; one the database refuses fails the
@@ -242,7 +258,8 @@ class Runner:
                 done = finish_jobs(self.db, self.process.pk, {job.pk: success.value}, [job])
         except DatabaseError as exc:
             refusal = ResultNotStored(
-                f"the database refused to record this job's success ({type(exc).__name__}: {exc})"
+                f"the database refused to record this job's success ({type(exc).__name__}: "
+                f"{clip(safe_str(exc), 500)})"
             )
             with step(self.db):
                 fail_job(
@@ -257,7 +274,7 @@ class Runner:
         if job.pk in done:
             announce(success)
 
-    def record(self, job: Job, failures_before: int) -> None:
+    def record(self, job: Job, failures_before: int, rolled_back: str | None = None) -> None:
         row = Job.objects.using(self.db).get(pk=job.pk)
         failures = list(
             FailedExecution.objects.using(self.db)
@@ -304,5 +321,6 @@ class Runner:
                 return_value=row.return_value if outcome == Outcome.SUCCEEDED else None,
                 error=error,
                 next_run_at=next_run_at,
+                rolled_back=rolled_back,
             )
         )

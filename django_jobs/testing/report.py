@@ -58,6 +58,10 @@ class JobRun:
     error: ErrorRecord | None = None
     # When it runs again, for WILL_RETRY and SNOOZED (None: it is ready now).
     next_run_at: datetime | None = None
+    # Inside a test's transaction (a ``TestCase``) only: why the body's writes were
+    # rolled back, which a worker would not have done, so the outcome and the rows may
+    # differ from a worker's. None: they were kept. ``assert_all_succeeded()`` fails on it.
+    rolled_back: str | None = None
 
     @property
     def result_id(self) -> str:
@@ -68,7 +72,8 @@ class JobRun:
         """``#12 app.tasks.send(1, to='x') -> failed (builtins.ValueError: boom)``."""
         what = f"#{self.job_id} {self.task_path}({call_arguments(self.args, self.kwargs)})"
         detail = f" ({self.error})" if self.error is not None else ""
-        return f"{what} -> {self.outcome.value}{detail}"
+        lost = f" [its writes were rolled back: {self.rolled_back}]" if self.rolled_back else ""
+        return f"{what} -> {self.outcome.value}{detail}{lost}"
 
 
 @dataclass
@@ -123,6 +128,12 @@ class RunReport:
         return self.with_outcome(Outcome.CANCELLED)
 
     @property
+    def rolled_back(self) -> list[JobRun]:
+        """Runs whose body's writes the test's transaction rolled back (``TestCase``
+        only): see ``JobRun.rolled_back``."""
+        return [run for run in self.runs if run.rolled_back]
+
+    @property
     def outcomes(self) -> list[str]:
         """Each run's outcome, in run order: ``["will_retry", "succeeded"]``."""
         return [run.outcome.value for run in self.runs]
@@ -144,18 +155,36 @@ class RunReport:
 
     def assert_all_succeeded(self) -> None:
         """Raise ``AssertionError`` naming every run that did not succeed, with the
-        first one's traceback: a one-line check for a test that expects no failure."""
-        bad = [run for run in self.runs if run.outcome != Outcome.SUCCEEDED]
+        first one's traceback: a one-line check for a test that expects no failure.
+        A success whose writes the test's transaction rolled back fails it too."""
+        bad = [run for run in self.runs if run.outcome != Outcome.SUCCEEDED or run.rolled_back]
         if not bad:
             return
         lines = [f"{len(bad)} of {len(self.runs)} job run(s) did not succeed:"]
-        lines += [f"  {run.describe()}" for run in bad[:LISTED]]
-        if len(bad) > LISTED:
-            lines.append(f"  ... and {len(bad) - LISTED} more")
+        lines += listed([run.describe() for run in bad])
+        if any(run.rolled_back for run in bad):
+            lines.append(ROLLED_BACK_HELP)
         first = next((run for run in bad if run.error is not None), None)
         if first is not None and first.error is not None and first.error.traceback:
             lines += [f"The traceback of #{first.job_id}:", first.error.traceback.rstrip()]
         raise AssertionError("\n".join(lines))
+
+
+# What to do about a body whose writes a TestCase's transaction rolled back.
+ROLLED_BACK_HELP = (
+    "A database error inside a TestCase's transaction rolls back the job body's writes "
+    "(and makes its later queries raise TransactionManagementError), which a worker, in "
+    "autocommit, does not. Run this test in autocommit (TransactionTestCase; pytest: "
+    "transactional_db), or wrap the write that may fail in its own transaction.atomic()."
+)
+
+
+def listed(lines: list[str], total: int | None = None) -> list[str]:
+    """The first :data:`LISTED` of ``lines``, indented, then how many more there are of
+    ``total`` (default: of ``lines``)."""
+    more = (len(lines) if total is None else total) - LISTED
+    shown = [f"  {line}" for line in lines[:LISTED]]
+    return [*shown, f"  ... and {more} more"] if more > 0 else shown
 
 
 # Lines a failure message lists at most.

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import cast
 
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.transaction import TransactionManagementError
 
-from django_jobs.text import jobs_logger
+from django_jobs.text import clip, jobs_logger, safe_str
 
 logger = jobs_logger("django_jobs.testing")
 
@@ -46,40 +48,79 @@ def step(db: str) -> Iterator[None]:
     run_callbacks_since(connection, start)
 
 
-def run_body[T](db: str, body: Callable[[], T]) -> T:
+@dataclass
+class BodyEnd:
+    """How a job's body ended under :func:`run_body`."""
+
+    value: object = None
+    # What the body raised (its outcome is then a failure, or a snooze).
+    raised: BaseException | None = None
+    # Inside a test's transaction only: why the body's writes were rolled back, which a
+    # worker, in autocommit, would not have done (None: they were kept).
+    rolled_back: str | None = None
+
+
+def run_body(db: str, body: Callable[[], object]) -> BodyEnd:
     """Run a job's body as a worker would, in autocommit as far as a test allows.
 
     In a worker a body's writes commit as they are made, so a body that raises keeps
     what it wrote before the error. Inside a test's transaction the body runs in a
-    savepoint that is released whatever it raises, so its writes stay too, unless the
-    body left the transaction unusable (on PostgreSQL, a database error it caught or let
-    out): then the savepoint is rolled back, which a worker would not do, and a warning
-    says so. The ``on_commit`` callbacks it registered then run, as :func:`step`'s.
+    savepoint that is released whatever it raises, so its writes stay too, unless a
+    database error left the transaction unusable: Django marks an atomic block for
+    rollback when an ORM write fails in it (``needs_rollback``, on every database, even
+    if the body caught the error; its next query then raises
+    ``TransactionManagementError``), and on PostgreSQL any failed statement aborts the
+    transaction. Then the savepoint is rolled back, the body's writes with it, and
+    ``rolled_back`` says why: Django's ``TestCase`` does the same to code that catches
+    an ``IntegrityError`` without an ``atomic()`` of its own.
+
+    The body's block counts as the test case's own when the block around it is
+    (``Atomic._from_testcase``), so that a ``transaction.atomic(durable=True)`` in the
+    body is allowed wherever it is allowed in the test itself. The ``on_commit``
+    callbacks the body registered then run, as :func:`step`'s.
     """
     connection = connections[db]
+    end = BodyEnd()
     if not connection.in_atomic_block:
-        return body()
+        try:
+            end.value = body()
+        except BaseException as exc:  # the body's error is the job's outcome
+            end.raised = exc
+        return end
     start = len(connection.run_on_commit)
-    raised: BaseException | None = None
-    value: T | None = None
+    block = transaction.atomic(using=db)
+    if connection.atomic_blocks and getattr(connection.atomic_blocks[-1], "_from_testcase", False):
+        block._from_testcase = True  # type: ignore[attr-defined]  # Django's own flag
     try:
-        with transaction.atomic(using=db):
+        with block:
             try:
-                value = body()
+                end.value = body()
             except BaseException as exc:  # the body's error is the job's outcome
-                raised = exc
+                end.raised = exc
+            if connection.needs_rollback:
+                end.rolled_back = MARKED_FOR_ROLLBACK
+                if isinstance(end.raised, TransactionManagementError):
+                    end.rolled_back += QUERIES_REFUSED
     except DatabaseError as exc:
-        # atomic() could not release the savepoint and rolled it back.
-        logger.warning(
-            "the job's body left the test's transaction unusable (%s: %s); its writes "
-            "were rolled back to keep the test going",
-            type(exc).__name__,
-            exc,
+        # atomic() could not release the savepoint (PostgreSQL, after a failed
+        # statement) and rolled it back.
+        end.rolled_back = (
+            f"the database refused to go on after an error in its body "
+            f"({type(exc).__name__}: {clip(safe_str(exc), 300)})"
         )
     run_callbacks_since(connection, start)
-    if raised is not None:
-        raise raised
-    return value  # type: ignore[return-value]  # set whenever nothing was raised
+    return end
+
+
+# Why a body's writes were rolled back, for JobRun.rolled_back.
+MARKED_FOR_ROLLBACK = (
+    "a database error in its body marked the test's transaction for rollback (Django "
+    "does so when an ORM query fails inside atomic(), even if the error is caught)"
+)
+QUERIES_REFUSED = (
+    "; its TransactionManagementError is that mark too: in a worker, in autocommit, "
+    "the queries after the caught error would have run"
+)
 
 
 def run_callbacks_since(connection: BaseDatabaseWrapper, start: int) -> None:
