@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from unittest.mock import ANY
 
@@ -32,6 +32,7 @@ from django_jobs.testing import (
     RunawayJobs,
     assert_enqueued,
     assert_not_enqueued,
+    clear_dummy_backends,
     enqueue_recurring,
     enqueued_jobs,
     run_enqueued_jobs,
@@ -259,9 +260,11 @@ class TestInsideATestCase(WhatEveryTestCaseChecks, TestCase):
         assert run.attempt == 1 and run.error is not None
         assert str(run.error) == "builtins.ValueError: sync: attempt 1 fails"
         assert run.next_run_at is not None and run.next_run_at > later(seconds=50)
-        # Not due yet: a call without time travel leaves it waiting.
+        # Not due yet: a call without time travel leaves it waiting, and says till when.
         assert run_enqueued_jobs().runs == []
-        assert status(result) == JobStatus.SCHEDULED
+        (waiting,) = enqueued_jobs(t.flaky)
+        assert (waiting.status, waiting.run_after) == ("scheduled", run.next_run_at)
+        assert f"run_after={run.next_run_at.isoformat()}" in str(waiting)
         # An hour on: the retry due in 60 s, and the one after it, run in this call.
         second = run_enqueued_jobs(now=later(hours=1))
         assert second.outcomes == ["will_retry", "succeeded"]
@@ -282,6 +285,7 @@ class TestInsideATestCase(WhatEveryTestCaseChecks, TestCase):
         report = run_enqueued_jobs()
         assert report.outcomes == ["snoozed"] and report.snoozed[0].error is None
         assert report[0].next_run_at > later(seconds=20)
+        assert enqueued_jobs(t.snoozing)[0].run_after == report[0].next_run_at
         assert run_enqueued_jobs(now=later(seconds=10)).runs == []
         again = run_enqueued_jobs(now=later(minutes=1))
         assert again.outcomes == ["succeeded"] and again[0].return_value == 2
@@ -436,6 +440,11 @@ class TestInsideATestCase(WhatEveryTestCaseChecks, TestCase):
         message = str(raised.value)
         assert "Waiting to run (25):" in message and "... and 5 more" in message
         assert message.count("tests.toolkit_tasks.add(") == 20
+        with pytest.raises(AssertionError) as raised:
+            assert_not_enqueued(t.add)
+        message = str(raised.value)
+        assert "found 25:" in message and message.endswith("\n  ... and 5 more")
+        assert message.count("tests.toolkit_tasks.add(") == 20
 
     def test_recurring_ticks_on_demand(self):
         recurring = {
@@ -470,7 +479,12 @@ class TestInAutocommit(WhatEveryTestCaseChecks, TransactionTestCase):
 
     def test_no_notification_is_sent_while_the_runner_runs(self):
         """The runner sends nobody a NOTIFY (a notifier would hold a connection of its
-        own to the test database); the enqueue outside it still does."""
+        own to the test database), not even for the jobs its bodies enqueue; the
+        enqueue outside it still does."""
+        if not notify.enabled("default"):
+            self.skipTest(
+                "the enqueue notifies nobody here (LISTEN/NOTIFY: PostgreSQL, listen_notify on)"
+            )
         sent: list[frozenset[str]] = []
 
         class Recorder:
@@ -483,15 +497,15 @@ class TestInAutocommit(WhatEveryTestCaseChecks, TransactionTestCase):
         previous = notify.install("default", Recorder())  # type: ignore[arg-type]
         try:
             t.fan_out.enqueue(3)
-            enqueued = len(sent)
+            assert sent == [frozenset({"default"})]
+            # fan_out enqueues three jobs from its body: each would notify, outside it.
             assert run_enqueued_jobs().outcomes == ["succeeded"] * 4
-            assert len(sent) == enqueued
+            assert sent == [frozenset({"default"})]
         finally:
             if previous is not None:
                 notify.install("default", previous)
             else:
                 notify._notifiers.pop("default", None)
-        assert enqueued == (1 if notify.supported("default") else 0)
 
 
 @pytest.mark.django_db
@@ -535,9 +549,33 @@ def test_bad_arguments_are_refused_before_anything_runs(jobs):
         jobs.run_enqueued_jobs(limit="3")
     with pytest.raises(TypeError, match="queue names"):
         jobs.run_enqueued_jobs(queue=[1])
+    for empty in ("", ["emails", ""]):
+        with pytest.raises(ValueError, match="empty queue name"):
+            jobs.run_enqueued_jobs(queue=empty)
     with pytest.raises(TypeError, match="a task"):
         jobs.assert_enqueued(len)
-    jobs.assert_enqueued(t.add, count=1)  # nothing ran
+    for count in ("1", True, 1.0):
+        with pytest.raises(TypeError, match="count must be an int"):
+            jobs.assert_enqueued(t.add, count=count)
+    with pytest.raises(ValueError, match="count must be 0 or more, not -1"):
+        jobs.assert_enqueued(t.add, count=-1)
+    for args in ("11", b"11", 11):
+        with pytest.raises(TypeError, match="args= takes a list or tuple"):
+            jobs.assert_enqueued(t.add, args=args)
+    with pytest.raises(TypeError, match="args= takes a list or tuple"):
+        jobs.enqueued_jobs(t.add, args="11")
+    with pytest.raises(TypeError, match="kwargs= takes a dict"):
+        jobs.assert_not_enqueued(t.add, kwargs=[("a", 1)])
+    recurring = {"r": {"task": t.add.module_path, "schedule": "every hour", "args": [0, 0]}}
+    with override_settings(DJANGO_JOBS={"recurring": recurring}):
+        for now in ("2026-01-01", date(2026, 1, 1)):
+            with pytest.raises(TypeError, match=r"enqueue_recurring\(\): now must be a datetime"):
+                jobs.enqueue_recurring(now=now)
+        with pytest.raises(ValueError, match=r"enqueue_recurring\(\): now must be an aware"):
+            jobs.enqueue_recurring(now=datetime(2026, 1, 1))
+        with pytest.raises(TypeError, match=r"separate arguments: enqueue_recurring\(\*keys\)"):
+            jobs.enqueue_recurring(["r"])
+    jobs.assert_enqueued(t.add, count=1)  # nothing ran, nothing was enqueued
 
 
 def test_a_database_without_the_jobs_tables_is_named_with_the_fix(tmp_path, db):
@@ -581,6 +619,31 @@ def test_no_backend_of_ours_is_refused_and_dummy_results_are_read(jobs):
     )
     assert (found.backend, found.status, found.queue_name) == ("default", "ready", "default")
     jobs.assert_not_enqueued(bt.callback, kwargs={"batch_id": 2, "succeeded": 2, "failed": 0})
+
+
+DUMMY_TASKS = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+
+
+def test_the_fixture_forgets_what_a_dummy_backend_kept_from_earlier_tests(settings, request):
+    """Django's DummyBackend keeps its results for the process: a test settings file
+    that uses it would show each test the jobs of the tests before it."""
+    settings.TASKS = DUMMY_TASKS
+    t.add.enqueue(1, 1)  # as an earlier test of the process would have
+    assert len(enqueued_jobs(t.add)) == 1
+    jobs = request.getfixturevalue("jobs")  # the fixture, set up after that test
+    jobs.assert_not_enqueued(t.add)
+    t.add.enqueue(2, 2)
+    (found,) = jobs.assert_enqueued(t.add)
+    assert found.args == [2, 2]
+
+
+def test_clear_dummy_backends_for_a_test_case(settings, db):
+    """What a TestCase calls in setUp(); a backend of ours is left alone."""
+    settings.TASKS = {**DUMMY_TASKS, "jobs": {"BACKEND": "django_jobs.backend.JobsBackend"}}
+    t.add.enqueue(3, 3)
+    assert [job.backend for job in enqueued_jobs(t.add)] == ["default"]
+    clear_dummy_backends()
+    assert enqueued_jobs(t.add) == []
 
 
 def run_in_a_process(url: str, settings_module: str) -> subprocess.CompletedProcess[str]:

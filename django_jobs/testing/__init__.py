@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         EnqueuedJob,
         assert_enqueued,
         assert_not_enqueued,
+        clear_dummy_backends,
         enqueued_jobs,
     )
     from django_jobs.testing.errors import JobsNotReady, RunawayJobs
@@ -38,6 +39,7 @@ __all__ = [
     "RunawayJobs",
     "assert_enqueued",
     "assert_not_enqueued",
+    "clear_dummy_backends",
     "enqueue_recurring",
     "enqueued_jobs",
     "run_enqueued_jobs",
@@ -48,6 +50,7 @@ _HOMES = {
     "EnqueuedJob": "enqueued",
     "assert_enqueued": "enqueued",
     "assert_not_enqueued": "enqueued",
+    "clear_dummy_backends": "enqueued",
     "enqueued_jobs": "enqueued",
     "JobsNotReady": "errors",
     "RunawayJobs": "errors",

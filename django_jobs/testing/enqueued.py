@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import F
 from django.tasks import task_backends
 from django.tasks.backends.dummy import DummyBackend
 
 from django_jobs.conf import database_alias
 from django_jobs.testing.readiness import require_jobs_tables
-from django_jobs.testing.report import LISTED, call_arguments, task_path
+from django_jobs.testing.report import LISTED, call_arguments, listed, task_path
 
 if TYPE_CHECKING:
     from django.tasks import Task, TaskResult
@@ -36,6 +37,8 @@ class EnqueuedJob:
     priority: int
     # ready, scheduled, blocked or awaiting (a dummy backend's results are all "ready").
     status: str
+    # When it is due: for a scheduled job its planned run (a retry's backoff and a snooze
+    # included), for the others the run_after it was enqueued with (None: none).
     run_after: datetime | None
     # The alias of the TASKS backend that holds it (None: the jobs tables).
     backend: str | None = None
@@ -69,6 +72,7 @@ def enqueued_jobs(
     :param using: the database of the jobs tables (default: the jobs database).
     """
     path = None if task is None else task_path(task)
+    check_arguments(args, kwargs)
     queues = None if queue is None else ({queue} if isinstance(queue, str) else set(queue))
     found = [*table_jobs(using or database_alias(), path, queues), *dummy_jobs(path, queues)]
     return [job for job in found if arguments_match(job, args, kwargs)]
@@ -82,11 +86,7 @@ def waiting_listing(using: str | None) -> str:
     if not total:
         return "Nothing is waiting to run."
     shown = [*table_jobs(db, None, None, LISTED), *dummies][:LISTED]
-    lines = [f"Waiting to run ({total}):"]
-    lines += [f"  {job}" for job in shown]
-    if total > LISTED:
-        lines.append(f"  ... and {total - LISTED} more")
-    return "\n".join(lines)
+    return "\n".join([f"Waiting to run ({total}):", *listed([str(job) for job in shown], total)])
 
 
 def assert_enqueued(
@@ -100,9 +100,14 @@ def assert_enqueued(
 ) -> list[EnqueuedJob]:
     """Assert that jobs matching are waiting to run: at least one, or exactly ``count``.
 
-    Takes :func:`enqueued_jobs`' filters. Returns the matching jobs. The failure
-    message lists what *is* waiting (the first 20).
+    Takes :func:`enqueued_jobs`' filters, and ``count``: a number of jobs (0 and up).
+    Returns the matching jobs. The failure message lists what *is* waiting (the first 20).
     """
+    if count is not None:
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"assert_enqueued(): count must be an int, not {count!r}")
+        if count < 0:
+            raise ValueError(f"assert_enqueued(): count must be 0 or more, not {count}")
     matching = enqueued_jobs(task, args=args, kwargs=kwargs, queue=queue, using=using)
     if (count is None and matching) or (count is not None and len(matching) == count):
         return matching
@@ -125,13 +130,24 @@ def assert_not_enqueued(
     matching = enqueued_jobs(task, args=args, kwargs=kwargs, queue=queue, using=using)
     if not matching:
         return
-    lines = [f"  {job}" for job in matching[:LISTED]]
-    if len(matching) > LISTED:
-        lines.append(f"  ... and {len(matching) - LISTED} more")
     raise AssertionError(
         f"expected no job {describe_filter(task, args, kwargs, queue)} waiting to run, "
-        f"found {len(matching)}:\n" + "\n".join(lines)
+        f"found {len(matching)}:\n" + "\n".join(listed([str(job) for job in matching]))
     )
+
+
+def check_arguments(args: object, kwargs: object) -> None:
+    """Refuse what cannot be a job's arguments: a string as ``args`` (it would be
+    compared as a list of its characters), a ``kwargs`` that is not a mapping."""
+    if isinstance(args, str | bytes) or not (args is None or isinstance(args, Sequence)):
+        raise TypeError(
+            f"args= takes a list or tuple of the positional arguments "
+            f"(args=[{args!r}] for a single one), not {type(args).__name__}"
+        )
+    if not (kwargs is None or isinstance(kwargs, Mapping)):
+        raise TypeError(
+            f"kwargs= takes a dict of the keyword arguments, not {type(kwargs).__name__}"
+        )
 
 
 def table_jobs(
@@ -145,7 +161,11 @@ def table_jobs(
     require_jobs_tables(db)
     from django_jobs.models import WAITING_STATUSES, Job
 
-    rows = Job.objects.using(db).filter(status__in=WAITING_STATUSES)
+    rows = (
+        Job.objects.using(db)
+        .filter(status__in=WAITING_STATUSES)
+        .annotate(scheduled_for=F("scheduled_execution__scheduled_at"))
+    )
     if path is not None:
         rows = rows.filter(task_path=path)
     if queues is not None:
@@ -162,7 +182,7 @@ def table_jobs(
             queue_name=job.queue_name,
             priority=job.priority,
             status=job.status,
-            run_after=job.run_after,
+            run_after=job.scheduled_for or job.run_after,
         )
         for job in rows
     ]
@@ -205,6 +225,18 @@ def dummy_jobs(path: str | None, queues: set[str] | None) -> list[EnqueuedJob]:
                 )
             )
     return found
+
+
+def clear_dummy_backends() -> None:
+    """Forget what every Django ``DummyBackend`` of ``TASKS`` kept.
+
+    Such a backend keeps its results for the life of the process, so without this the
+    assertions of one test see the jobs enqueued by the tests before it. The ``jobs``
+    fixture calls it before each test; a ``TestCase`` calls it in ``setUp()``."""
+    for alias in task_backends.settings:
+        backend = task_backends[alias]
+        if isinstance(backend, DummyBackend):
+            backend.clear()
 
 
 def as_stored(value: Any) -> Any:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.conf import settings
 from django.utils import timezone
 
 from django_jobs.conf import database_alias, jobs_settings
 from django_jobs.testing.readiness import require_jobs_tables
+from django_jobs.testing.runner import aware_datetime
 from django_jobs.testing.transactions import step
 
 
@@ -31,11 +31,15 @@ def enqueue_recurring(
     scheduler never catches up ticks from before it first saw a task). Run the jobs
     with ``run_enqueued_jobs()``.
     """
+    for key in keys:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"enqueue_recurring(): each key is a name of DJANGO_JOBS['recurring'] (a str), "
+                f"not {type(key).__name__} {key!r}; pass several as separate arguments: "
+                f"enqueue_recurring(*keys)"
+            )
+    now = timezone.now() if now is None else aware_datetime("enqueue_recurring", now)
     db = using or database_alias()
-    if now is None:
-        now = timezone.now()
-    elif settings.USE_TZ and timezone.is_naive(now):
-        raise ValueError("enqueue_recurring(): now must be an aware datetime with USE_TZ = True")
     require_jobs_tables(db)
     # The models, once the app is known to be installed.
     from django_jobs.core.recurring import (

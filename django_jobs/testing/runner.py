@@ -92,11 +92,20 @@ def travel_to(now: datetime | None, run_scheduled: bool) -> datetime | str | Non
         return EVERY_SCHEDULED
     if now is None:
         return None
+    return aware_datetime("run_enqueued_jobs", now)
+
+
+def aware_datetime(caller: str, now: object) -> datetime:
+    """``now``, checked: a ``datetime`` (not a date, not a string), aware when
+    ``USE_TZ`` is on, as the toolkit's time travel compares it with stored times."""
     if not isinstance(now, datetime):
-        raise TypeError(f"run_enqueued_jobs(): now must be a datetime, not {type(now).__name__}")
+        raise TypeError(
+            f"{caller}(): now must be a datetime (e.g. timezone.now() + timedelta(hours=1)), "
+            f"not {type(now).__name__} {now!r}"
+        )
     if settings.USE_TZ and timezone.is_naive(now):
         raise ValueError(
-            "run_enqueued_jobs(): now must be an aware datetime with USE_TZ = True "
+            f"{caller}(): now must be an aware datetime with USE_TZ = True "
             "(e.g. timezone.now() + timedelta(hours=1))"
         )
     return now
@@ -109,8 +118,13 @@ def queue_patterns(queue: str | Iterable[str] | None) -> tuple[str, ...]:
     if not patterns:
         raise ValueError("run_enqueued_jobs(): queue= names no queue")
     for pattern in patterns:
-        if not isinstance(pattern, str) or not pattern:
+        if not isinstance(pattern, str):
             raise TypeError(f"run_enqueued_jobs(): queue= takes queue names (str), got {pattern!r}")
+        if not pattern:
+            raise ValueError(
+                "run_enqueued_jobs(): queue= has an empty queue name ''; pass None or '*' "
+                "for every queue"
+            )
     return patterns
 
 
