@@ -621,6 +621,97 @@ def test_no_backend_of_ours_is_refused_and_dummy_results_are_read(jobs):
     jobs.assert_not_enqueued(bt.callback, kwargs={"batch_id": 2, "succeeded": 2, "failed": 0})
 
 
+# The tests run in a pytest process of their own by test_a_separate_jobs_database.
+SEPARATE_JOBS_DATABASE_TESTS = """
+import pytest
+from django.db import connections
+from django.test import TestCase
+from django.test.testcases import DatabaseOperationForbidden
+
+from django_jobs.models import Job
+from django_jobs.testing import run_enqueued_jobs
+from tests import toolkit_tasks as t
+
+
+def test_the_fixture_asks_for_the_jobs_database(jobs):
+    t.fan_out.enqueue(2)
+    assert jobs.run_enqueued_jobs().outcomes == ["succeeded"] * 3
+    assert Job.objects.using("jobs").count() == 3
+    assert t.notes() == ["add 0 1", "add 1 1"]
+    assert connections["jobs"].in_atomic_block and connections["default"].in_atomic_block
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_fixture_keeps_the_tests_own_marker(jobs):
+    t.add.enqueue(1, 2)
+    assert jobs.run_enqueued_jobs().return_values() == [3]
+    assert not connections["jobs"].in_atomic_block
+
+
+def test_the_fixture_after_the_db_fixture(db, jobs):
+    t.add.enqueue(2, 3)
+    assert jobs.run_enqueued_jobs().return_values() == [5]
+
+
+class NamesBothDatabases(TestCase):
+    databases = {"default", "jobs"}
+
+    def test_a_bodys_on_commit_on_another_database_waits_for_the_test(self):
+        t.notes_on_commit.enqueue("x")
+        with self.captureOnCommitCallbacks(using="default", execute=True) as waiting:
+            assert run_enqueued_jobs().outcomes == ["succeeded"]
+            assert t.notes() == []
+        assert len(waiting) == 1 and t.notes() == ["committed x"]
+
+
+class NamesOnlyDefault(TestCase):
+    def test_the_jobs_database_is_refused(self):
+        with pytest.raises(DatabaseOperationForbidden, match="Database queries to 'jobs'"):
+            run_enqueued_jobs()
+"""
+
+
+def test_a_separate_jobs_database(tmp_path, db):
+    """DJANGO_JOBS["database"] = "jobs" with JobsRouter, in a pytest run of its own (two
+    test databases of the database under test): the fixture adds "jobs" to the test's
+    databases, whatever its marker and fixtures; a TestCase names both itself."""
+    base = {k: v for k, v in connection.settings_dict.items() if k not in ("NAME", "TEST")}
+    if connection.vendor == "sqlite":
+        names = {alias: str(tmp_path / f"{alias}.sqlite3") for alias in ("default", "jobs")}
+    else:
+        names = {
+            alias: f"{connection.settings_dict['NAME']}_{alias}" for alias in ("default", "jobs")
+        }
+    databases = {
+        alias: {
+            **base,
+            "NAME": name,
+            "TEST": {"NAME": f"{name}_test" if connection.vendor == "sqlite" else name},
+        }
+        for alias, name in names.items()
+    }
+    (tmp_path / "jobsdb_settings.py").write_text(
+        "from testproject.settings import *  # noqa: F403\n"
+        f"DATABASES = {databases!r}\n"
+        'DATABASE_ROUTERS = ["django_jobs.routers.JobsRouter"]\n'
+        'DJANGO_JOBS = {**DJANGO_JOBS, "database": "jobs", "listen_notify": False}  # noqa: F405\n'
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # the rootdir, not the project's
+    (tmp_path / "test_jobsdb.py").write_text(SEPARATE_JOBS_DATABASE_TESTS)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    env.pop("TEST_DATABASE_NAME", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--ds=jobsdb_settings"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "5 passed" in done.stdout
+
+
 DUMMY_TASKS = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
 
 

@@ -193,3 +193,11 @@ def waits_for_ctrl_c() -> None:
     while time.monotonic() < deadline:
         time.sleep(0.01)
     raise RuntimeError("no KeyboardInterrupt came within 10 s")
+
+
+@jobs_task
+def notes_on_commit(label: str) -> str:
+    """Leaves its note for after the commit of the ``default`` database: with the jobs
+    in a database of their own, a commit the runner does not stand in for."""
+    transaction.on_commit(lambda: note(f"committed {label}"), using="default")
+    return label
