@@ -4,7 +4,8 @@
 test's own database connection, through the same state machine as ``run_jobs`` (claim,
 start, finish, fail and retry, snooze, concurrency keys, workflows, batches), inside a
 ``TestCase``'s transaction too. ``assert_enqueued()``, ``assert_not_enqueued()`` and
-``enqueued_jobs()`` read what waits. pytest users get the same through the ``jobs``
+``enqueued_jobs()`` read what waits (``clear_dummy_backends()`` forgets what Django's
+``DummyBackend`` kept from the tests before). pytest users get the same through the ``jobs``
 fixture (``django_jobs.testing.pytest_plugin``). docs/testing.md has the examples.
 
 Each name is imported from its module when first used, so that importing this package

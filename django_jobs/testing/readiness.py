@@ -29,9 +29,8 @@ def require_jobs_tables(db: str) -> None:
         raise JobsNotReady(
             f"the jobs tables are missing from database {db!r} ({table} not found): run "
             f"its migrations (`manage.py migrate django_jobs`). In tests, let the test "
-            f"database be created with migrations: no MIGRATION_MODULES entry disabling "
-            f"django_jobs' and no pytest --nomigrations (on MariaDB/MySQL the migrations "
-            f"also create the stored procedures the claim calls)"
+            f"runner create the test database (pytest: --create-db once, if --reuse-db "
+            f"kept one made before django_jobs was installed)"
         )
 
 

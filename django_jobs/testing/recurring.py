@@ -19,9 +19,10 @@ def enqueue_recurring(
     """Enqueue the tick of each recurring task that is due at ``now``: its latest tick at
     or before ``now`` (default: the current time), as the scheduler would.
 
-    :param keys: the keys of ``DJANGO_JOBS["recurring"]`` to tick; default: every one.
-    :param now: the time to tick at (aware). A tick is enqueued once, as with the
-        scheduler: a second call for the same tick enqueues nothing.
+    :param keys: the keys of ``DJANGO_JOBS["recurring"]`` to tick, each a separate
+        argument (``enqueue_recurring(*keys)``); default: every one.
+    :param now: the time to tick at, an aware ``datetime``. A tick is enqueued once, as
+        with the scheduler: a second call for the same tick enqueues nothing.
     :param using: the database alias of the jobs (default: the jobs database).
     :returns: ``{key: job id}``, None for a key whose tick was already enqueued, or
         whose task is disabled (``set_enabled``).

@@ -66,6 +66,8 @@ def run_enqueued_jobs(
     :returns: a :class:`~django_jobs.testing.RunReport` of what ran, in run order.
     :raises ~django_jobs.testing.JobsNotReady: the database has no jobs tables, or no
         backend of ``TASKS`` writes jobs to it.
+    :raises KeyboardInterrupt: Ctrl-C during a job's body, once that job's attempt is
+        recorded as failed (retried while attempts remain); the rest keep waiting.
     """
     patterns = queue_patterns(queue)
     check_count("limit", limit, minimum=0)
