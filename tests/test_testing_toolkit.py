@@ -375,11 +375,25 @@ class TestInsideATestCase(WhatEveryTestCaseChecks, TestCase):
             report.assert_all_succeeded()
 
     def test_a_job_whose_task_is_gone_fails_without_an_attempt(self):
+        from django_jobs.signals import job_attempt_failed
+
         result = t.add.enqueue(1, 2)
         Job.objects.filter(pk=int(result.id)).update(task_path="tests.toolkit_tasks.gone")
-        (run,) = run_enqueued_jobs()
+        announced: list[int] = []
+
+        def note(sender, attempt, **kwargs):
+            announced.append(attempt)
+
+        job_attempt_failed.connect(note)
+        try:
+            (run,) = run_enqueued_jobs()
+        finally:
+            job_attempt_failed.disconnect(note)
         assert run.outcome == Outcome.FAILED and run.attempt == 0
         assert run.error is not None and "cannot be imported" in run.error.message
+        # The attempt that failed is the first, as a worker announces it (error trackers
+        # tag it): not the claim's start counted twice.
+        assert announced == [1]
 
     def test_a_task_that_enqueues_itself_forever_is_stopped_and_named(self):
         t.forever.enqueue(0)

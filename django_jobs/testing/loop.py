@@ -208,7 +208,9 @@ class Runner:
             task = load_task(job.task_path)
         except TaskNotFound as exc:
             with step(self.db):
-                fail_unloadable(job, self.ctx, exc)
+                # The claim may have started it (counted its attempt), as a worker's does.
+                started = job.status == JobStatus.RUNNING
+                fail_unloadable(job, self.ctx, exc, started=started)
             self.record(job, failures_before)
             return
         if job.status != JobStatus.RUNNING:
