@@ -87,15 +87,24 @@ def other_backend_running() -> bool:
     return RUNS_OF_OTHER_BACKENDS.get() > 0
 
 
-def note_start(sender: type[BaseTaskBackend], **kwargs: Any) -> None:
+def sent_by_ours(sender: object) -> bool:
+    """Whether a ``task_started``/``task_finished`` signal comes from our backend. Django
+    sends the backend's class; others may send anything (django-tasks-db's worker sends
+    its backend instance for ``task_started``): these receivers run inside every
+    backend's worker, so they must never raise whatever the sender is."""
+    kind = sender if isinstance(sender, type) else type(sender)
+    return issubclass(kind, JobsBackendBase)
+
+
+def note_start(sender: object, **kwargs: Any) -> None:
     """``task_started`` receiver: a task of another backend begins in this context."""
-    if not issubclass(sender, JobsBackendBase):
+    if not sent_by_ours(sender):
         RUNS_OF_OTHER_BACKENDS.set(RUNS_OF_OTHER_BACKENDS.get() + 1)
 
 
-def note_finish(sender: type[BaseTaskBackend], **kwargs: Any) -> None:
+def note_finish(sender: object, **kwargs: Any) -> None:
     """``task_finished`` receiver: that task has ended."""
-    if not issubclass(sender, JobsBackendBase):
+    if not sent_by_ours(sender):
         RUNS_OF_OTHER_BACKENDS.set(max(0, RUNS_OF_OTHER_BACKENDS.get() - 1))
 
 
