@@ -9,19 +9,25 @@ import json
 import os
 import pty
 import re
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from io import StringIO
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from django_jobs.core import operator
 from django_jobs.core.operator import CANCELLED_ERROR
+from django_jobs.management import job_actions
+from django_jobs.management.commands.jobs import INTERRUPTED, NOT_CONFIRMED, SOME_REFUSED, USAGE
 from django_jobs.models import (
     AwaitingExecution,
     BlockedExecution,
@@ -54,14 +60,18 @@ EXECUTION_TABLES = (
 
 
 def jobs(*args: str, stdin: str | None = None, **options: Any) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of ``manage.py jobs`` run in this process."""
+    """(exit code, stdout, stderr) of ``manage.py jobs`` run in this process: 0 when it
+    returns, else its ``CommandError``'s ``returncode``, but for a command line that
+    cannot be read (2), which is raised for the test to match its message."""
     out, err = StringIO(), StringIO()
     if stdin is not None:
         options["stdin"] = StringIO(stdin)
     try:
         call_command("jobs", *args, stdout=out, stderr=err, **options)
-    except SystemExit as exc:
-        return int(exc.code or 0), out.getvalue(), err.getvalue()
+    except CommandError as exc:
+        if exc.returncode == USAGE:
+            raise
+        return exc.returncode, out.getvalue(), err.getvalue()
     return 0, out.getvalue(), err.getvalue()
 
 
@@ -174,6 +184,23 @@ def test_retry_refused_by_the_operator_says_why_as_the_admin_does():
     assert status(holder) == JobStatus.READY
 
 
+def test_a_refused_retry_reads_the_jobs_status_once_after_the_refusal():
+    """The status read to explain the refusal is the one ``retry_refusal`` is given."""
+    ReadyExecutionFactory(job__unique_key="invoice:8", job__unique_lock="invoice:8")
+    job = failed(unique_key="invoice:8")
+    with CaptureQueriesContext(connection) as queries:
+        outcome = job_actions.retry("default", job.pk)
+    assert outcome.refused == "another job holds its unique key"
+    # SELECT <the job's status> [AS ...] FROM <the job table>: nothing else selected.
+    only_status = re.compile(
+        r"SELECT\s+\S*status\W*(\s+AS\s+\S+)?\s+FROM\s+\W?django_jobs_job\W", re.IGNORECASE
+    )
+    status_reads = [
+        q["sql"] for q in queries.captured_queries if only_status.match(q["sql"].strip())
+    ]
+    assert len(status_reads) == 1, status_reads
+
+
 def test_retry_by_filters_acts_on_the_matching_failed_jobs_only():
     now = timezone.now()
     hours = timedelta(hours=1)
@@ -219,7 +246,11 @@ def test_since_and_until_take_iso_dates_in_the_current_time_zone(settings):
     "args, message",
     [
         (["--since", "yesterday"], "--since 'yesterday' is neither a duration"),
-        (["--since", "2026-02-30"], "--since '2026-02-30' is neither a duration"),
+        (["--since", "2026-02-30"], "--since '2026-02-30' is not a real date: day is out of"),
+        (["--until", "2026-13-01"], "--until '2026-13-01' is not a real date: month must be"),
+        (["--since", "2026-02-30T10:00"], "'2026-02-30T10:00' is not a real date and time"),
+        (["--since", "0001-01-01T00:00+05:00"], "'0001-01-01T00:00+05:00' is out of range"),
+        (["--until", "9999-12-31T23:00-05:00"], "'9999-12-31T23:00-05:00' is out of range"),
         (["--until", "3x"], "--until '3x' is neither a duration"),
         (["--since", "999999999999w"], "reaches back more than a century"),
         (["--since", "1h", "--until", "2h"], "is not before --until"),
@@ -241,9 +272,40 @@ def test_what_cannot_be_read_is_a_clear_error_and_changes_nothing(args, message)
     assert everything() == before
 
 
+@pytest.mark.parametrize(
+    "zone, args",
+    [
+        ("Asia/Tokyo", ["--since", "0001-01-01"]),
+        ("America/New_York", ["--until", "9999-12-31T23:00"]),
+    ],
+)
+def test_a_date_at_the_ends_of_the_calendar_in_the_current_time_zone_is_a_clear_error(
+    settings, zone, args
+):
+    """A date with no zone is read in the current one, where the calendar's first or last
+    day does not exist in UTC, in which the database is asked."""
+    settings.TIME_ZONE = zone
+    failed(finished_at=timezone.now())
+    before = everything()
+    with pytest.raises(CommandError, match="is out of range: in UTC it falls") as exc:
+        jobs("retry", *args, "--yes")
+    assert exc.value.returncode == USAGE
+    assert everything() == before
+
+
+def test_the_ends_of_the_calendar_in_utc_select_as_any_other_moment():
+    job = failed(finished_at=timezone.now())
+    code, out, _ = jobs(
+        "retry", "--since", "0001-01-01T00:00+00:00", "--until", "9999-12-31T23:59:59Z", "--yes"
+    )
+    assert code == 0, out
+    assert f"1 job to retry: #{job.pk}" in out
+    assert status(job) == JobStatus.READY
+
+
 def test_an_unreadable_batch_size_is_refused_by_the_parser():
     with pytest.raises(CommandError, match="invalid batch size"):
-        jobs("retry", "--all", "--batch-size", "0", "--yes")
+        call_command("jobs", "retry", "--all", "--batch-size", "0", "--yes")
 
 
 # --- discard and cancel -----------------------------------------------------------------
@@ -325,11 +387,45 @@ def test_the_confirmation_asks_with_the_count_and_acts_only_on_yes():
     assert code == 3
     assert out.endswith("Retry 1 job? [y/N] Nothing was changed.\n")
     assert everything() == before
-    code, out, _ = jobs("retry", "--all", stdin="")  # end of input: no
+    code, out, _ = jobs("retry", "--all", stdin="")  # end of input: no, on a line of its own
     assert code == 3 and everything() == before
+    assert out.endswith("Retry 1 job? [y/N] \nNothing was changed.\n")
     code, out, _ = jobs("retry", "--all", stdin="y\n")
     assert code == 0 and "Retry 1 job? [y/N] Retried: 1 job." in out
     assert status(job) == JobStatus.READY
+
+
+@contextmanager
+def ctrl_c_kept_in() -> Iterator[None]:
+    """A ``KeyboardInterrupt`` out of the command fails the test, not the whole session."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        pytest.fail("the command let the Ctrl-C out")
+
+
+class CtrlC(StringIO):
+    """An answer cut short by Ctrl-C (or by a reader that raises at the end of input)."""
+
+    def __init__(self, raised: type[BaseException]) -> None:
+        super().__init__()
+        self.raised = raised
+
+    def readline(self, *args: Any) -> str:
+        raise self.raised
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, EOFError])
+def test_ctrl_c_at_the_question_is_no_on_a_line_of_its_own(raised):
+    failed()
+    before = everything()
+    out = StringIO()
+    with pytest.raises(CommandError, match="was not yes: nothing was changed") as exc:
+        with ctrl_c_kept_in():
+            call_command("jobs", "retry", "--all", stdout=out, stdin=CtrlC(raised))
+    assert exc.value.returncode == NOT_CONFIRMED
+    assert out.getvalue().endswith("Retry 1 job? [y/N] \nNothing was changed.\n")
+    assert everything() == before
 
 
 def test_without_a_terminal_to_ask_on_it_refuses_unless_told_yes():
@@ -342,6 +438,87 @@ def test_without_a_terminal_to_ask_on_it_refuses_unless_told_yes():
     assert everything() == before
     assert jobs("retry", "--all", "--no-input")[0] == 0
     assert status(job) == JobStatus.READY
+
+
+def test_ctrl_c_while_acting_reports_what_was_done_and_where_it_stopped(monkeypatch):
+    """The interrupt lands in the second job's turn, after its retry committed: the report
+    counts the first, names the second as uncertain, and the third is left as it was."""
+    first, second, third = failed(), failed(), failed()
+    retry = operator.retry_failed_job
+    turns: list[int] = []
+
+    def retry_then_ctrl_c(db: str, job_id: int) -> bool:
+        turns.append(job_id)
+        done = retry(db, job_id)
+        if len(turns) == 2:
+            raise KeyboardInterrupt
+        return done
+
+    monkeypatch.setattr(operator, "retry_failed_job", retry_then_ctrl_c)
+    with ctrl_c_kept_in():
+        code, out, _ = jobs("retry", "--all", "--yes")
+    assert code == INTERRUPTED == 130
+    assert "Retried: 1 job." in out
+    assert (
+        f"Interrupted at #{second.pk}, which may or may not have been retried (look at it); "
+        "not gone through: 1 job of the 3 selected." in out
+    )
+    assert turns == [first.pk, second.pk]
+    assert [status(job) for job in (first, second, third)] == ["ready", "ready", "failed"]
+
+
+def test_called_from_code_it_returns_on_success_and_raises_the_exit_status_otherwise():
+    """``call_command`` in a shell or a script: exit 0 returns, the others are a
+    ``CommandError`` carrying the status; none ends the caller's process."""
+    job, succeeded = failed(), FinishedJobFactory()
+    out = StringIO()
+    assert call_command("jobs", "retry", str(job.pk), yes=True, stdout=out) is None
+    assert "Retried: 1 job." in out.getvalue()
+    with pytest.raises(CommandError, match=r"not retried: 1 job \(named above\)") as exc:
+        call_command("jobs", "retry", str(succeeded.pk), yes=True, stdout=StringIO())
+    assert exc.value.returncode == SOME_REFUSED
+    assert call_command("jobs", "discard", str(job.pk), dry_run=True, stdout=out) is None
+    with pytest.raises(CommandError) as exc:
+        call_command("jobs", "discard", str(job.pk), stdout=out, stdin=StringIO("n\n"))
+    assert exc.value.returncode == NOT_CONFIRMED
+
+
+def test_inside_a_transaction_of_the_callers_it_refuses_and_changes_nothing():
+    """Each job in a transaction of its own is the lock order's premise (design.md
+    section 4): under the caller's ``atomic()`` every job would share one."""
+    job = failed()
+    before = everything()
+    with transaction.atomic():
+        with pytest.raises(CommandError, match="call it outside any atomic block") as exc:
+            jobs("retry", str(job.pk), "--yes")
+    assert exc.value.returncode == USAGE
+    assert everything() == before
+
+
+def test_ids_may_be_separated_by_commas():
+    first, second, third = failed(), failed(), failed()
+    code, out, _ = jobs("retry", f"{first.pk},#{second.pk}", f"{third.pk},", "x,", "--yes")
+    assert code == 1, out
+    assert f"3 jobs to retry: #{first.pk}, #{second.pk}, #{third.pk}" in out
+    assert "  not a job id: 'x'" in out
+    assert {status(job) for job in (first, second, third)} == {JobStatus.READY}
+
+
+@pytest.mark.parametrize(
+    "before_action, after_action",
+    [(["-v", "2"], []), ([], ["-v", "2"]), ([], ["--verbosity=2", "--no-color", "--traceback"])],
+)
+def test_djangos_own_options_go_before_or_after_the_action(before_action, after_action):
+    targets = [failed() for _ in range(3)]
+    code, out, err = jobs(
+        *before_action, "retry", "--all", "--batch-size", "2", "--yes", *after_action
+    )
+    assert code == 0, out
+    assert [line.strip() for line in err.splitlines()] == [
+        "2 of 3 jobs gone through",
+        "3 of 3 jobs gone through",
+    ]
+    assert {status(job) for job in targets} == {JobStatus.READY}
 
 
 # --- batches ----------------------------------------------------------------------------
@@ -388,9 +565,7 @@ def test_jobs_that_come_to_match_after_the_count_past_the_last_id_are_left_alone
 
     answer = AnswerThenFail()
     out = StringIO()
-    with pytest.raises(SystemExit) as exc:
-        call_command("jobs", "retry", "--all", stdout=out, stdin=answer)
-    assert exc.value.code == 0
+    call_command("jobs", "retry", "--all", stdout=out, stdin=answer)
     assert "Retry 1 job? [y/N] Retried: 1 job." in out.getvalue()
     assert (status(first), status(answer.late)) == (JobStatus.READY, JobStatus.FAILED)
 
@@ -436,6 +611,9 @@ def test_a_real_process_exits_with_the_documented_codes_and_asks_on_a_terminal()
     assert done.returncode == 2 and "unrecognized arguments" in done.stderr
     done = run_command("retry", "--all", stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and "not a terminal" in done.stderr
+    done = run_command("retry", "--until", "9999-12-31T23:00-05:00", "--yes")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "is out of range" in done.stderr
     assert status(job) == JobStatus.FAILED
 
     # On a terminal it asks, and reads the answer from it.
@@ -462,4 +640,48 @@ def test_a_real_process_exits_with_the_documented_codes_and_asks_on_a_terminal()
     done = run_command("retry", str(job.pk), "--yes")
     assert done.returncode == 1
     assert f"Not retried: 1 job:\n  it is ready, not failed: #{job.pk}\n" in done.stdout
-    assert run_command("discard", str(job.pk), "--yes").returncode == 0
+    assert "CommandError: not retried: 1 job (named above)" in done.stderr
+    # Django's own options after the action, as before it.
+    done = run_command(
+        "discard",
+        str(job.pk),
+        "--yes",
+        "--settings",
+        "testproject.settings",
+        "--no-color",
+        "-v",
+        "2",
+        "--skip-checks",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith("Discarded: 1 job.\n") and "1 of 1 jobs gone through" in done.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ctrl_c_at_the_question_on_a_terminal_exits_3_without_a_traceback():
+    job = failed()
+    primary, secondary = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, str(MANAGE), "jobs", "retry", "--all"],
+            cwd=REPO_ROOT,
+            env=command_env(),
+            stdin=secondary,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert process.stdout is not None
+        asked = b""
+        while not asked.endswith(b"[y/N] "):  # the question, flushed without a newline
+            chunk = os.read(process.stdout.fileno(), 1024)
+            assert chunk, f"it ended before asking: {asked!r}"
+            asked += chunk
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    assert process.returncode == NOT_CONFIRMED, err
+    assert (asked + out).decode().endswith("Retry 1 job? [y/N] \nNothing was changed.\n")
+    assert b"Traceback" not in err and b"KeyboardInterrupt" not in err
+    assert status(job) == JobStatus.FAILED

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from enum import Enum, auto
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -107,17 +108,35 @@ def retry_failed_job(db: str, job_id: int) -> bool:
     return True
 
 
+# Why an action was refused, as the admin and ``manage.py jobs`` both say it.
+NO_SUCH_JOB = "there is no such job"
+
+
+def raced(done: str) -> str:
+    """Why an action was refused to a job in a state it takes: the job was not in it when
+    the action looked under its lock (a worker, or another operator, moved it meanwhile)."""
+    return f"it changed while it was being {done}"
+
+
 # Why a retry was refused when none of the reasons read after it holds: the job was failed
 # and is still, but was not when the retry looked under its lock.
-RETRY_RACED = "it changed while it was being retried"
+RETRY_RACED = raced("retried")
 
 
-def retry_refusal(db: str, job_id: int) -> str:
+class Unread(Enum):
+    """The job's status, not read yet (``None`` says there is no such job)."""
+
+    STATUS = auto()
+
+
+def retry_refusal(db: str, job_id: int, status: str | Unread | None = Unread.STATUS) -> str:
     """Why ``retry_failed_job`` said no, read after it did (for a message only: the retry
-    itself decided under the job's lock)."""
-    status = Job.objects.using(db).filter(pk=job_id).values_list("status", flat=True).first()
+    itself decided under the job's lock). ``status``: the job's, if the caller has just
+    read it (None: no such job), so that it is not read again."""
+    if status is Unread.STATUS:
+        status = Job.objects.using(db).filter(pk=job_id).values_list("status", flat=True).first()
     if status is None:
-        return "there is no such job"
+        return NO_SUCH_JOB
     if status != JobStatus.FAILED:
         return f"it is {status}, no longer failed"
     failed, _ = unmet_dependencies(db, job_id)

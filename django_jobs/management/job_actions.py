@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 
 from django_jobs.core import operator
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
-from django_jobs.models import FINISHED_STATUSES, Job, JobStatus
+from django_jobs.models import FINISHED_STATUSES, Job
 
-NO_SUCH_JOB = "there is no such job"
 NOT_AN_ID = "not a job id"
 # What the report lists of the jobs not acted on: the first ids of each reason, and the
 # first reasons; the rest are counted.
@@ -51,13 +50,14 @@ def status_of(db: str, job_id: int) -> str | None:
 
 
 def refusal(action: Action, status: str | None) -> str:
-    """Why ``action`` does not act on a job in ``status`` (None: there is no such job)."""
+    """Why ``action`` does not act on a job in ``status`` (None: there is no such job),
+    in the words of ``core/operator.py``, which the admin says them in too."""
     if status is None:
-        return NO_SUCH_JOB
+        return operator.NO_SUCH_JOB
     if status in action.accepts:
         # It was in a state the action takes, and was not when the action looked under
         # its lock (a worker, or another operator, moved it meanwhile).
-        return f"it changed while it was being {action.past.removeprefix('not ')}"
+        return operator.raced(action.past.removeprefix("not "))
     if action.accepts == operator.RETRYABLE:
         return f"it is {status}, not failed"
     if status in FINISHED_STATUSES:
@@ -66,12 +66,11 @@ def refusal(action: Action, status: str | None) -> str:
 
 
 def retry(db: str, job_id: int) -> Outcome:
+    """A refused retry is explained as the admin explains it (``operator.retry_refusal``),
+    from the status read once after the refusal."""
     if operator.retry_failed_job(db, job_id):
         return Outcome(done="retried")
-    status = status_of(db, job_id)
-    if status == JobStatus.FAILED:  # still failed: its dependencies or its unique key
-        return Outcome(refused=operator.retry_refusal(db, job_id))
-    return Outcome(refused=refusal(RETRY, status))
+    return Outcome(refused=operator.retry_refusal(db, job_id, status_of(db, job_id)))
 
 
 def discard(db: str, job_id: int) -> Outcome:
@@ -84,7 +83,7 @@ def cancel(db: str, job_id: int) -> Outcome:
     try:
         outcome = operator.cancel_job(db, job_id)
     except JobNotFound:
-        return Outcome(refused=NO_SUCH_JOB)
+        return Outcome(refused=operator.NO_SUCH_JOB)
     except JobAlreadyFinished:
         return Outcome(refused=refusal(CANCEL, status_of(db, job_id)))
     return Outcome(done="cancelled" if outcome == operator.CANCELLED else "stop requested")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from django.db.models import Count, F, Max, Q, QuerySet
 from django.utils import timezone
@@ -26,6 +26,8 @@ from django_jobs.models import FINISHED_STATUSES, Job
 # ``30m``, ``2h``, ``3d``, ``1w``: that long before now.
 DURATION = re.compile(r"(\d{1,12})([smhdw])")
 UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# The date an ISO 8601 value starts with, checked on its own to say which part is wrong.
+ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?![\d])")
 
 
 class SelectionError(ValueError):
@@ -45,16 +47,45 @@ def parse_when(text: str, option: str, now: datetime) -> datetime:
         return now - timedelta(seconds=seconds)
     try:
         moment = parse_datetime(value)
-    except ValueError:  # well formed, but no such time ("2026-02-30")
-        moment = None
-    if moment is None:
+    except ValueError as exc:  # well formed, but no such time ("2026-02-30T10:00")
         raise SelectionError(
-            f"{option} {printable_arg(text)} is neither a duration (30m, 2h, 3d, 1w) nor an "
-            "ISO 8601 date or date and time (2026-05-01, 2026-05-01T14:30)"
-        )
-    if timezone.is_naive(moment):
-        moment = timezone.make_aware(moment)
+            f"{option} {printable_arg(text)} is not a real date and time: {exc}"
+        ) from None
+    if moment is None:
+        raise SelectionError(no_such_date(text, option) or not_a_moment(text, option))
+    try:
+        if timezone.is_naive(moment):
+            moment = timezone.make_aware(moment)
+        # What the database is sent, whatever zone was typed: a moment within a day of
+        # the calendar's ends may not exist in UTC (0001-01-01T00:00+05:00).
+        moment.astimezone(UTC)
+    except OverflowError:
+        raise SelectionError(
+            f"{option} {printable_arg(text)} is out of range: in UTC it falls before the "
+            "year 1 or after 9999"
+        ) from None
     return moment
+
+
+def no_such_date(text: str, option: str) -> str | None:
+    """Why ``text``, shaped as a date (``2026-02-30``), is none; None if it is not so
+    shaped, or is a real date (then what follows it is what cannot be read)."""
+    shape = ISO_DATE.match(text.strip())
+    if shape is None:
+        return None
+    year, month, day = (int(part) for part in shape.groups())
+    try:
+        date(year, month, day)
+    except ValueError as exc:
+        return f"{option} {printable_arg(text)} is not a real date: {exc}"
+    return None
+
+
+def not_a_moment(text: str, option: str) -> str:
+    return (
+        f"{option} {printable_arg(text)} is neither a duration (30m, 2h, 3d, 1w) nor an "
+        "ISO 8601 date or date and time (2026-05-01, 2026-05-01T14:30)"
+    )
 
 
 def parse_pattern(text: str, option: str) -> str:
@@ -131,7 +162,9 @@ class Filters:
 
 @dataclass(frozen=True)
 class TypedIds:
-    """Job ids as typed: those a job can have, ascending and once each, and the rest."""
+    """Job ids as typed, each argument one id or several separated by commas (``4512``,
+    ``#4512``, ``4512,4513``, as ``--status`` takes its values): those a job can have,
+    ascending and once each, and the rest."""
 
     ids: tuple[int, ...]
     not_ids: tuple[str, ...]
@@ -141,11 +174,15 @@ class TypedIds:
         ids: set[int] = set()
         not_ids: list[str] = []
         for text in texts:
-            job_id = as_id(text.strip().lstrip("#"))
-            if job_id is None:
-                not_ids.append(text)
-            else:
-                ids.add(job_id)
+            # An empty piece ("4512," or "1,,2") is a slip of the comma, not an id; an
+            # argument with nothing else in it is named.
+            pieces = [piece for piece in text.split(",") if piece.strip()] or [text]
+            for piece in pieces:
+                job_id = as_id(piece.strip().lstrip("#"))
+                if job_id is None:
+                    not_ids.append(piece)
+                else:
+                    ids.add(job_id)
         return cls(tuple(sorted(ids)), tuple(not_ids))
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import sys
+from argparse import SUPPRESS
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 from django.utils import timezone
 
 from django_jobs.conf import JobsSettings
@@ -53,8 +55,11 @@ from django_jobs.text import printable
 
 # Exit codes of retry, discard and cancel (docs/admin.md): every selected job acted on (or
 # would be, in a dry run); some could not be (they are named); the command line could not be
-# read, or the confirmation could not be asked; the operator answered no.
-ALL_DONE, SOME_REFUSED, USAGE, NOT_CONFIRMED = 0, 1, 2, 3
+# read, or the confirmation could not be asked; the operator answered no; the run was
+# interrupted (Ctrl-C) after it began to act, the shell's code for SIGINT. From code
+# (``call_command``) the command returns for 0 and raises ``CommandError`` with the code as
+# its ``returncode`` for the others: it never ends the caller's process.
+ALL_DONE, SOME_REFUSED, USAGE, NOT_CONFIRMED, INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_BATCH_SIZE = 1000
 MAX_BATCH_SIZE = 10_000
 FILTERS = ("task", "queue", "status", "since", "until")
@@ -93,14 +98,13 @@ class Command(BaseCommand):
             "overview.",
         )
         for action in ACTIONS.values():
-            add_action_arguments(
-                actions.add_parser(
-                    action.name,
-                    help=ACTION_HELP[action.name],
-                    description=ACTION_HELP[action.name] + SELECTION_HELP,
-                ),
-                action,
+            subparser = actions.add_parser(
+                action.name,
+                help=ACTION_HELP[action.name],
+                description=ACTION_HELP[action.name] + SELECTION_HELP,
             )
+            add_base_arguments(subparser, parser)
+            add_action_arguments(subparser, action)
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options.get("action"):
@@ -235,8 +239,9 @@ class Command(BaseCommand):
     # --- retry, discard, cancel ------------------------------------------------------------
 
     def act(self, action: Action, options: dict[str, Any]) -> None:
-        """Select, show, confirm, act in batches, report; exit with the codes above."""
+        """Select, show, confirm, act in batches, report; end with the codes above."""
         db = JobsSettings.load().database
+        refuse_callers_transaction(db, action)
         size = options["batch_size"]
         tally = Tally()
         if options["job_ids"]:
@@ -259,19 +264,27 @@ class Command(BaseCommand):
             described = f": {listed(first, count)}" if count else ""
             out(f"{action.would.capitalize()} {plural(count)}{described}")
             self.finish(action, tally, would=True)
+            return
         if not count:
             out(f"No job to {action.name}.")
             self.finish(action, tally)
+            return
         out(f"{plural(count)} to {action.name}: {listed(first, count)}")
         if not options["yes"]:
             self.confirm(action, count, options)
         done = 0
-        for batch in batches:
-            for job_id in batch:
-                tally.add(action.act(db, job_id), job_name(job_id))
-            done += len(batch)
-            if options["verbosity"] >= 2:
-                self.stderr.write(f"  {done:,} of {count:,} jobs gone through")
+        in_hand: int | None = None  # the job being acted on, while it is
+        try:
+            for batch in batches:
+                for job_id in batch:
+                    in_hand = job_id
+                    tally.add(action.act(db, job_id), job_name(job_id))
+                    done += 1
+                    in_hand = None
+                if options["verbosity"] >= 2:
+                    self.stderr.write(f"  {done:,} of {count:,} jobs gone through")
+        except KeyboardInterrupt:
+            self.interrupted(action, tally, done, count, in_hand)
         self.finish(action, tally)
 
     def survey_ids(
@@ -306,14 +319,58 @@ class Command(BaseCommand):
                     returncode=USAGE,
                 )
             stdin = sys.stdin
-        self.stdout.write(f"{question} [y/N] ", ending="")
-        self.stdout.flush()
-        if stdin.readline().strip().lower() not in ("y", "yes"):
-            self.stdout.write("Nothing was changed.")
-            raise SystemExit(NOT_CONFIRMED)
+        try:
+            # The question too: a Ctrl-C as soon as it shows may land before the read.
+            self.stdout.write(f"{question} [y/N] ", ending="")
+            self.stdout.flush()
+            answer = stdin.readline()
+        except (KeyboardInterrupt, EOFError):
+            answer = ""  # Ctrl-C (or Ctrl-D where reading raises): no
+        if answer.strip().lower() in ("y", "yes"):
+            return
+        if not answer.endswith("\n"):
+            # Nothing the terminal echoed ended the prompt's line (end of input, Ctrl-C).
+            self.stdout.write("")
+        self.stdout.write("Nothing was changed.")
+        raise CommandError(
+            f"the answer to {question!r} was not yes: nothing was changed",
+            returncode=NOT_CONFIRMED,
+        )
 
-    def finish(self, action: Action, tally: Tally, would: bool = False) -> NoReturn:
-        """What was done (or would be), the jobs that were not and why; then exit."""
+    def interrupted(
+        self, action: Action, tally: Tally, done: int, count: int, in_hand: int | None
+    ) -> NoReturn:
+        """Ctrl-C while acting: what was done up to there, and where it stopped. The job
+        in hand was acted on whole or not at all (its own transaction), but whether it
+        committed before the interrupt cannot be told from here."""
+        self.stdout.write("")  # past the ^C the terminal echoed
+        self.report(action, tally)
+        left = count - done - (in_hand is not None)
+        where = ""
+        if in_hand is not None:
+            where = (
+                f" at {job_name(in_hand)}, which may or may not have been "
+                f"{action.past.removeprefix('not ')} (look at it)"
+            )
+        self.stdout.write(
+            self.style.WARNING(
+                f"Interrupted{where}; not gone through: {plural(max(left, 0))} of the "
+                f"{count:,} selected."
+            )
+        )
+        raise CommandError(f"interrupted after {done:,} of {count:,} jobs", returncode=INTERRUPTED)
+
+    def finish(self, action: Action, tally: Tally, would: bool = False) -> None:
+        """What was done (or would be), the jobs that were not and why; return for exit
+        0, else raise the exit status (``CommandError``'s ``returncode``)."""
+        self.report(action, tally, would)
+        if tally.refused:
+            label = f"would not {action.name}" if would else action.past
+            raise CommandError(
+                f"{label}: {plural(tally.refused_count)} (named above)", returncode=SOME_REFUSED
+            )
+
+    def report(self, action: Action, tally: Tally, would: bool = False) -> None:
         out = self.stdout.write
         for outcome, count in tally.done.items():
             out(self.style.SUCCESS(f"{outcome.capitalize()}: {plural(count)}."))
@@ -322,7 +379,6 @@ class Command(BaseCommand):
             out(self.style.WARNING(f"{label.capitalize()}: {plural(tally.refused_count)}:"))
             for line in tally.refused_lines():
                 out(line)
-        raise SystemExit(SOME_REFUSED if tally.refused else ALL_DONE)
 
 
 ACTION_HELP = {
@@ -335,8 +391,37 @@ SELECTION_HELP = (
     "the action can take (--all). Each job is acted on in its own transaction, by the "
     "function the admin's action calls. Exit status: 0 if every job selected was acted on, "
     "1 if some were not (they are named), 2 for a command line that cannot be read, 3 if the "
-    "answer to the confirmation was no."
+    "answer to the confirmation was no, 130 if interrupted (Ctrl-C) while acting."
 )
+
+
+# Django's own options, as ``BaseCommand.create_parser`` adds them to the command's parser
+# (but --version, which is the command's, not an action's).
+BASE_OPTIONS = frozenset(
+    {"--verbosity", "--settings", "--pythonpath", "--traceback", "--no-color", "--force-color"}
+    | {"--skip-checks"}
+)
+
+
+def add_base_arguments(subparser: CommandParser, parser: CommandParser) -> None:
+    """Django's own options on an action too, so that they may follow it
+    (``jobs retry 14 -v 2 --settings ...``) as well as precede it.
+
+    Each is copied from the command's parser, where ``create_parser`` put them before
+    ``add_arguments``, so an option Django leaves out (``--skip-checks`` for a command
+    without checks) or hides (``suppressed_base_arguments``) is left out or hidden here
+    too. Their default is ``SUPPRESS``: argparse copies every value an action's parser
+    holds over the command's, and a default here would undo ``jobs -v 2 retry``.
+    """
+    for base in parser._actions:  # argparse keeps no public list of a parser's options
+        if not BASE_OPTIONS.intersection(base.option_strings):
+            continue
+        kwargs: dict[str, Any] = {"dest": base.dest, "help": base.help, "default": SUPPRESS}
+        if base.nargs == 0:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs.update(type=base.type, choices=base.choices, metavar=base.metavar)
+        subparser.add_argument(*base.option_strings, **kwargs)
 
 
 def add_action_arguments(parser: CommandParser, action: Action) -> None:
@@ -345,8 +430,9 @@ def add_action_arguments(parser: CommandParser, action: Action) -> None:
         "job_ids",
         nargs="*",
         metavar="ID",
-        help="Job ids (not with filters). One that is not a job's, or not in a state the "
-        "action takes, is named in the report.",
+        help="Job ids (not with filters), separated by spaces or commas (4512 4513, "
+        "4512,4513). One that is not a job's, or not in a state the action takes, is named "
+        "in the report.",
     )
     parser.add_argument(
         "--task",
@@ -405,6 +491,26 @@ def add_action_arguments(parser: CommandParser, action: Action) -> None:
         help=f"Jobs read per batch (default {DEFAULT_BATCH_SIZE:,}, at most "
         f"{MAX_BATCH_SIZE:,}); each job is still its own transaction.",
     )
+
+
+def refuse_callers_transaction(db: str, action: Action) -> None:
+    """Refuse to run inside a transaction of the caller's (``call_command`` within
+    ``transaction.atomic()``, or with autocommit off): every job would then share it, a
+    retry locking a job's row after another job's semaphore, against the lock order
+    (docs/design.md section 4), and nothing would be committed before the caller's
+    commit. A test case's own transaction is let through, as Django lets a
+    ``durable=True`` block through it."""
+    connection = connections[db]
+    blocks = connection.atomic_blocks
+    if blocks and getattr(blocks[-1], "_from_testcase", False):
+        return
+    if connection.in_atomic_block or not connection.get_autocommit():
+        raise CommandError(
+            f"jobs {action.name} acts on each job in a transaction of its own; inside a "
+            f"transaction of the caller's (transaction.atomic() on the database {db!r}) they "
+            "would all share it: call it outside any atomic block. Nothing was changed.",
+            returncode=USAGE,
+        )
 
 
 def refuse_filters(options: dict[str, Any]) -> None:
