@@ -18,7 +18,9 @@ from django.dispatch import Signal
 # ``Snooze``, nor for a failure recorded by anyone else (recovery of a dead process's claims,
 # an operator's action), nor for an error of the worker's own, which is logged with its
 # traceback. Sent in the worker thread that ran the job, inside the job's tracing scopes
-# (django_jobs/observability/tracing.py). Arguments, all by keyword:
+# (django_jobs/observability/tracing.py); for a success the database refused to record
+# (``ResultNotStored``), in the completer thread that tried, outside them. Arguments, all
+# by keyword:
 #
 #   sender          the ``Job`` model class
 #   job             the ``Job`` as the worker holds it: ``task_path``, ``pk``, ``queue_name``,
@@ -38,8 +40,10 @@ from django.dispatch import Signal
 #
 # Receivers run in turn through ``send_robust``: one that raises is logged on
 # ``django_jobs.worker`` and changes nothing else, neither the recorded outcome nor the worker
-# (docs/design.md invariant 10). A receiver runs in the thread that would run the next job:
-# keep it short.
+# (docs/design.md invariant 10). One that raises ``SystemExit`` (any ``BaseException`` but
+# ``KeyboardInterrupt``), which ``send_robust`` lets through, is logged too and ends neither
+# the worker nor its thread; the receivers after it are not sent that failure. A receiver
+# runs in the thread that would run the next job: keep it short.
 job_attempt_failed = Signal()
 
 # The attribute the worker's "job failed" log record carries (``extra``), set to the job's

@@ -19,20 +19,25 @@ import threading
 from pathlib import Path
 
 import pytest
+from django.db import connections
 from django.tasks import task
+from django.tasks.signals import task_finished
 
 from django_jobs import Snooze, cancel
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.ready import claim_jobs
 from django_jobs.core.scheduling import promote_due_jobs
+from django_jobs.exceptions import ResultNotStored
 from django_jobs.models import FailedExecution, Job, JobStatus
 from django_jobs.observability import tracing
-from django_jobs.runtime.context import ExecutionContext
+from django_jobs.runtime.completer import write_isolated
+from django_jobs.runtime.context import ExecutionContext, Success
 from django_jobs.runtime.executor import execute_job
 from django_jobs.runtime.lifecycle import Lifecycle
 from django_jobs.runtime.watchdog import Watchdog
 from django_jobs.signals import job_attempt_failed
+from django_jobs.tasks.results import build_result
 from testproject.demo.models import AuditEvent
 from tests import control_tasks, tasks
 from tests.harness import wait_until
@@ -366,6 +371,133 @@ def test_a_receiver_that_raises_is_logged_and_changes_nothing(
     # The worker goes on: the next job runs and succeeds.
     tasks.add.enqueue(2, 2)
     assert run_next().status == JobStatus.SUCCEEDED
+
+
+@pytest.fixture
+def exiting_receiver():
+    """A receiver that ends its thread the way ``sys.exit()`` would, which ``send_robust``
+    does not catch."""
+
+    def receiver(sender, **kwargs):
+        raise SystemExit(3)
+
+    job_attempt_failed.connect(receiver)
+    yield receiver
+    job_attempt_failed.disconnect(receiver)
+
+
+def test_a_receiver_that_raises_system_exit_is_logged_and_ends_neither_the_thread_nor_the_job(
+    exiting_receiver, worker_ctx, caplog
+):
+    """Run in a thread of its own, as a worker's: the failure is recorded, task_finished
+    still sent, and the same thread runs the next job."""
+    caplog.set_level(logging.ERROR, logger="django_jobs.worker")
+    finished: list[str] = []
+
+    def on_finished(sender, task_result, **kwargs):
+        finished.append(task_result.status)
+
+    task_finished.connect(on_finished)
+    tasks.always_fails.using(max_attempts=1).enqueue("first")
+    tasks.add.enqueue(2, 2)
+    ran: list[Job] = []
+
+    def worker_thread() -> None:
+        try:
+            for _ in range(2):
+                (job,) = claim_jobs("default", worker_ctx.process_id, QueueSelector(("*",)), 1)
+                execute_job(job, worker_ctx)
+                ran.append(Job.objects.get(pk=job.pk))
+        finally:
+            connections.close_all()  # this thread's, before the test database is dropped
+
+    try:
+        thread = threading.Thread(target=worker_thread)
+        thread.start()
+        thread.join(60)
+    finally:
+        task_finished.disconnect(on_finished)
+    assert [job.status for job in ran] == [JobStatus.FAILED, JobStatus.SUCCEEDED]
+    assert finished == ["FAILED", "SUCCESSFUL"]
+    (line,) = [r for r in caplog.records if "could not be sent to every receiver" in r.getMessage()]
+    assert line.exc_info is not None and line.exc_info[0] is SystemExit
+
+
+def test_a_success_the_database_refuses_is_reported_once_in_the_jobs_trace(sentry, worker_ctx):
+    """The completer's net (``write_isolated``): the job fails with ``ResultNotStored``,
+    announced from the completer's thread, outside the run's scope; one event, with the
+    job's tags, in the enqueuer's trace; the log line's copy dropped."""
+    announced: list[dict] = []
+
+    def receiver(sender, **kwargs):
+        announced.append(kwargs)
+
+    job_attempt_failed.connect(receiver)
+    with sentry_sdk.start_transaction(name="request") as request:
+        result = tasks.add.enqueue(1, 2)
+    (job,) = claim_jobs(
+        "default", worker_ctx.process_id, QueueSelector(("*",)), 1, worker_id=worker_ctx.worker_id
+    )
+    too_deep: list = []
+    for _ in range(3000):  # refused in Python by the finish, on every database
+        too_deep = [too_deep]
+    success = Success(job, tasks.add, build_result(job), too_deep, 0.0)
+
+    def completer_thread() -> None:
+        try:
+            write_isolated(worker_ctx, [success])
+        finally:
+            connections.close_all()
+
+    try:
+        completer = threading.Thread(target=completer_thread)
+        completer.start()
+        completer.join(60)
+    finally:
+        job_attempt_failed.disconnect(receiver)
+
+    assert Job.objects.get(pk=result.id).status == JobStatus.FAILED
+    (call,) = announced
+    assert isinstance(call["exception"], ResultNotStored)
+    assert (call["attempt"], call["will_retry"], call["interrupted_by"]) == (1, False, None)
+    assert call["error"].exception_class_path == "django_jobs.exceptions.ResultNotStored"
+    (event,) = sentry.events()
+    (exception,) = event["exception"]["values"]
+    assert exception["type"] == "ResultNotStored"
+    assert exception["value"].startswith("the database refused to record this job's success")
+    assert event["tags"]["django_jobs.job_id"] == result.id
+    assert event["tags"]["django_jobs.will_retry"] == "false"
+    assert event["contexts"]["trace"]["trace_id"] == request.trace_id
+    assert event["fingerprint"] == ["{{ default }}", "django_jobs", "tests.tasks.add"]
+
+
+def test_a_job_that_does_not_run_after_all_sends_no_transaction(sentry, worker_ctx):
+    """Handed back at a stop before it started, or its claim lost: no ``queue.process``
+    transaction says it ran (and ran "ok")."""
+    tasks.add.enqueue(1, 1)
+    tasks.add.enqueue(2, 2)
+    (handed_back,) = claim_jobs("default", worker_ctx.process_id, QueueSelector(("*",)), 1)
+    stopping = ExecutionContext(
+        "default", worker_ctx.process_id, worker_ctx.worker_id, Lifecycle(), 1.0
+    )
+    stopping.lifecycle.stopping.set()
+    execute_job(handed_back, stopping)
+    assert Job.objects.get(pk=handed_back.pk).status == JobStatus.READY
+
+    other = register_process("default", "worker")
+    (lost,) = claim_jobs("default", other.pk, QueueSelector(("*",)), 1)
+    # Run by a process that does not hold its claim: the start finds none.
+    execute_job(lost, worker_ctx)
+    assert Job.objects.get(pk=lost.pk).status == JobStatus.CLAIMED
+    assert sentry.transactions() == []
+
+    # The thread's next job that runs has its transaction, ok.
+    (job,) = claim_jobs("default", worker_ctx.process_id, QueueSelector(("*",)), 1)
+    assert job.pk != lost.pk
+    execute_job(job, worker_ctx)
+    (run,) = sentry.transactions()
+    assert run["contexts"]["trace"]["status"] == "ok"
+    assert run["contexts"]["trace"]["data"]["messaging.message.id"] == str(job.pk)
 
 
 def test_sentry_failing_inside_the_run_costs_the_job_nothing(sentry, run_next, monkeypatch, caplog):

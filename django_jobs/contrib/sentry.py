@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from contextvars import ContextVar
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -121,13 +122,25 @@ class SentryHook:
             transaction.set_data("messaging.system", "django_jobs")
             transaction.set_data("messaging.destination.name", job.queue_name)
             transaction.set_data("messaging.message.id", str(job.pk))
-            with sentry_sdk.start_transaction(transaction):
-                yield
-                if transaction.status is None:
-                    transaction.set_status("ok")
+            running = RUNNING.set(job.pk)
+            try:
+                with sentry_sdk.start_transaction(transaction):
+                    yield
+                    if tracing.did_not_run(job):
+                        # Handed back at a stop, or its claim lost: no run to report.
+                        transaction.sampled = False
+                    elif transaction.status is None:
+                        transaction.set_status("ok")
+            finally:
+                RUNNING.reset(running)
 
 
 SENTRY_HOOK = SentryHook()
+
+# The job whose run's scope (``SentryHook.execution``) this thread is in, if any: a failure
+# announced outside it (a success the database refused, recorded by the completer's
+# thread) is reported in a scope of its own, in the job's trace.
+RUNNING: ContextVar[int | None] = ContextVar("django_jobs_sentry_running", default=None)
 
 
 def carry(headers: dict[str, str]) -> None:
@@ -248,7 +261,15 @@ def report_failed_attempt(
     context = job_context(job)
     context.update(attempt=attempt, will_retry=will_retry, retry_at=retry_at)
     event.setdefault("contexts", {})["django_jobs"] = context
-    sentry_sdk.capture_event(event, hint=hint)
+    if RUNNING.get() == job.pk:
+        sentry_sdk.capture_event(event, hint=hint)
+        return
+    # Outside the run's scope (the completer's thread): a scope of the job's own, without
+    # that thread's breadcrumbs, continuing the job's trace (no transaction is started).
+    with sentry_sdk.isolation_scope() as scope:
+        scope.clear_breadcrumbs()
+        sentry_sdk.continue_trace(tracing.row_headers(job))
+        sentry_sdk.capture_event(event, hint=hint)
 
 
 def name_the_interruption(event: Event, error: ErrorInfo) -> None:

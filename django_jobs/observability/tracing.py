@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
+from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -216,7 +217,8 @@ class TraceHook(Protocol):
     ``inject`` adds the tracer's propagation headers to ``headers`` at the enqueue (use
     :func:`merge_baggage` for ``baggage``, which OpenTelemetry may have set already);
     ``execution`` returns the context the worker runs the job in, from before its start to
-    after its outcome is recorded (``job.trace_context`` holds every tracer's headers).
+    after its outcome is recorded (``job.trace_context`` holds every tracer's headers); as
+    it closes, :func:`did_not_run` says whether the job was handed back or lost instead.
     Either may raise: the enqueue and the run go on without this hook.
     """
 
@@ -260,6 +262,24 @@ def merge_baggage(existing: str | None, added: str) -> str:
 
 NO_SCOPE = contextlib.nullcontext()
 
+# The job whose hook scopes are open in this thread but which did not run after all (set by
+# the executor: handed back at a stop before it started, or its claim lost); None while the
+# job in hand runs. Reset as each job's scopes open.
+_not_run: ContextVar[int | None] = ContextVar("django_jobs_not_run", default=None)
+
+
+def mark_not_run(job: Job) -> None:
+    """Tell the hooks that ``job``, whose scopes are open, will not run: a hook reports no
+    run of it (Sentry sends no ``queue.process`` transaction)."""
+    if _hooks:
+        _not_run.set(job.pk)
+
+
+def did_not_run(job: Job) -> bool:
+    """Whether the executor marked ``job`` as not run (:func:`mark_not_run`), for a hook
+    closing its scope."""
+    return job.pk is not None and _not_run.get() == job.pk
+
 
 def execution_scope(job: Job) -> contextlib.AbstractContextManager[object]:
     """The context in which a worker runs ``job``: every hook's ``execution``, entered in
@@ -280,6 +300,7 @@ class HookScopes:
         self.entered: list[tuple[TraceHook, contextlib.AbstractContextManager[object]]] = []
 
     def __enter__(self) -> None:
+        _not_run.set(None)
         for hook in self.hooks:
             try:
                 scope = hook.execution(self.job)

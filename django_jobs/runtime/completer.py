@@ -34,11 +34,13 @@ from django_jobs.exceptions import ResultNotStored
 from django_jobs.runtime.context import (
     ExecutionContext,
     Success,
+    announce_failure,
     describe,
     error_info,
     fail_or_stop,
     persist,
 )
+from django_jobs.signals import ATTEMPT_FAILED_LOG_MARK
 from django_jobs.text import clip, jobs_logger, safe_str
 
 logger = jobs_logger("django_jobs.worker")
@@ -131,12 +133,20 @@ def write_isolated(ctx: ExecutionContext, batch: list[Success]) -> None:
             return
         refused = exc
     (success,) = batch
+    job = success.job
     refusal = ResultNotStored(
         f"the database refused to record this job's success ({type(refused).__name__}: "
         f"{clip(safe_str(refused), 500)})"
     )
-    logger.error("job %s: %s", success.job.pk, refusal)
-    fail_or_stop(ctx, success.job.pk, error_info(refusal, ctx.max_error_size), retry=False)
+    # Marked as the executor's "job failed" line is: a receiver that reports the failure
+    # (Sentry's) drops the log line's copy of it.
+    logger.error("job %s: %s", job.pk, refusal, extra={ATTEMPT_FAILED_LOG_MARK: job.pk})
+    error = error_info(refusal, ctx.max_error_size)
+    outcome = fail_or_stop(ctx, job.pk, error, retry=False)
+    if outcome is not None:
+        # Announced as the executor announces a failure, once it is recorded, but from
+        # this thread: the job's own has left the job's tracing scopes.
+        announce_failure(job, refusal, error, job.attempts, outcome, None)
 
 
 def write_successes(ctx: ExecutionContext, batch: list[Success]) -> None:

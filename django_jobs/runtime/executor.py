@@ -17,32 +17,31 @@ from django_jobs.core.batches import current_job_id
 from django_jobs.core.claimed import MAX_ERROR_MESSAGE, fail_job, release_job, snooze_job
 from django_jobs.core.current_job import current_control
 from django_jobs.core.progress import flush_progress
-from django_jobs.core.rows import ErrorInfo, FailOutcome
+from django_jobs.core.rows import ErrorInfo
 from django_jobs.core.starting import start_jobs
 from django_jobs.db.retry import reset_connection
 from django_jobs.exceptions import JobInterrupted, ResultNotStored, Snooze, TaskNotFound
 from django_jobs.models import Job, JobStatus
-from django_jobs.observability.tracing import execution_scope, traced_execution
+from django_jobs.observability.tracing import execution_scope, mark_not_run, traced_execution
 from django_jobs.runtime.completer import write_isolated
 from django_jobs.runtime.context import (
+    MAX_LOGGED,
     ExecutionContext,
     Success,
+    announce_failure,
     describe,
     error_info,
     fail_or_stop,
     persist,
 )
 from django_jobs.runtime.watchdog import Control
-from django_jobs.signals import ATTEMPT_FAILED_LOG_MARK, job_attempt_failed
+from django_jobs.signals import ATTEMPT_FAILED_LOG_MARK
 from django_jobs.tasks.loading import load_task
 from django_jobs.tasks.results import build_result
 from django_jobs.tasks.serialization import json_return_value
-from django_jobs.text import clip, jobs_logger, safe_str, storable_text
+from django_jobs.text import clip, jobs_logger, storable_text
 
 logger = jobs_logger("django_jobs.worker")
-
-# Characters of an exception's message shown in a log line.
-MAX_LOGGED = 500
 
 
 def execute_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> None:
@@ -269,9 +268,11 @@ def start_or_hand_back(job: Job, ctx: ExecutionContext) -> bool:
             lambda: release_job(ctx.db, job.pk, ctx.process_id),
         )
         logger.info("job handed back %s (shutting down before it started)", describe(job))
+        mark_not_run(job)
         return False
     if not start_claimed([job], ctx):
         logger.warning("job %s: claim lost before start (process pruned?); not running it", job.pk)
+        mark_not_run(job)
         return False
     return True
 
@@ -348,43 +349,3 @@ def settle_failure(
     status = TaskResultStatus.READY if outcome.will_retry else TaskResultStatus.FAILED
     object.__setattr__(result, "status", status)
     task_finished.send(type(task.get_backend()), task_result=result)
-
-
-def announce_failure(
-    job: Job,
-    exc: BaseException,
-    error: ErrorInfo,
-    attempt: int,
-    outcome: FailOutcome,
-    interrupted_by: type[JobInterrupted] | None,
-) -> None:
-    """Send ``job_attempt_failed`` (django_jobs/signals.py) for a failure just recorded.
-
-    A receiver that raises (an error tracker that is down, a bug) is logged and nothing
-    more: the outcome is already committed, and this thread runs the next job
-    (docs/design.md invariant 10).
-    """
-    try:
-        responses = job_attempt_failed.send_robust(
-            sender=Job,
-            job=job,
-            exception=exc,
-            error=error,
-            attempt=attempt,
-            will_retry=outcome.will_retry,
-            retry_at=outcome.retry_at,
-            interrupted_by=interrupted_by,
-        )
-    except Exception:  # send_robust itself: a receiver's lookup that failed
-        logger.exception("job %s: job_attempt_failed could not be sent", job.pk)
-        return
-    for receiver, response in responses:
-        if isinstance(response, Exception):
-            logger.error(
-                "job %s: the job_attempt_failed receiver %s raised %s: %s",
-                job.pk,
-                getattr(receiver, "__qualname__", receiver),
-                type(response).__name__,
-                clip(safe_str(response), MAX_LOGGED),
-                exc_info=response,
-            )
