@@ -209,8 +209,8 @@ class Runner:
         except TaskNotFound as exc:
             with step(self.db):
                 # The claim may have started it (counted its attempt), as a worker's does.
-                started = job.status == JobStatus.RUNNING
-                fail_unloadable(job, self.ctx, exc, started=started)
+                claim_started = job.status == JobStatus.RUNNING
+                fail_unloadable(job, self.ctx, exc, started=claim_started)
             self.record(job, failures_before)
             return
         if job.status != JobStatus.RUNNING:
