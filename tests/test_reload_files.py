@@ -5,10 +5,12 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import uuid
 from pathlib import Path
 
 from django_jobs.runtime.reloader import describe, syntax_errors
 from django_jobs.runtime.watched_files import (
+    ImportedCode,
     Watcher,
     changed_files,
     project_files,
@@ -29,6 +31,16 @@ def make_project(root: Path) -> None:
         "shop/__pycache__/tasks.py",
         ".git/hooks/hook.py",
         "shop/notes.txt",
+        "build/lib/shop/tasks.py",
+        "dist/setup_helper.py",
+        "django_shop.egg-info/hooks.py",
+        ".mypy_cache/3.12/stub.py",
+        ".nox/lint/tool.py",
+        "__pypackages__/3.12/lib/lib.py",
+        "collected/admin/jsi18n.py",
+        "uploads/user/report.py",
+        "shop/build/__init__.py",
+        "shop/build/steps.py",
     ]:
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -36,10 +48,22 @@ def make_project(root: Path) -> None:
     (root / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")  # a virtualenv, any name
 
 
-def test_project_files_are_the_project_code_without_virtualenvs_or_caches(tmp_path):
+def test_project_files_are_the_project_code_without_virtualenvs_caches_or_build_output(
+    tmp_path, settings
+):
+    """``build``/``dist`` are skipped unless a package of that name (an app may be);
+    ``STATIC_ROOT`` and ``MEDIA_ROOT`` are skipped, whatever their name."""
     make_project(tmp_path)
+    settings.STATIC_ROOT = str(tmp_path / "collected")
+    settings.MEDIA_ROOT = tmp_path / "uploads"
     found = {path.relative_to(tmp_path).as_posix() for path in project_files([tmp_path])}
-    assert found == {"manage.py", "shop/tasks.py", "shop/sub/models.py"}
+    assert found == {
+        "manage.py",
+        "shop/tasks.py",
+        "shop/sub/models.py",
+        "shop/build/__init__.py",
+        "shop/build/steps.py",
+    }
 
 
 def test_project_roots_are_base_dir_and_sys_path_outside_the_interpreter(
@@ -115,3 +139,46 @@ def test_syntax_errors_name_the_file_and_line(tmp_path):
 def test_describe_names_a_few_files():
     paths = {Path(f"/p/{name}.py") for name in "abcde"}
     assert describe(paths) == "/p/a.py, /p/b.py, /p/c.py and 2 more"
+
+
+def test_imported_code_is_what_run_jobs_loads_at_start_and_their_packages(tmp_path, monkeypatch):
+    """Whose syntax errors hold a reload back: the modules loaded at start, and the other
+    modules of their packages (an app's tasks.py), test modules aside. Not a script beside
+    them, nor a package nothing loaded."""
+    suffix = uuid.uuid4().hex[:8]
+    app, other, top = f"shop_{suffix}", f"unloaded_{suffix}", f"loaded_{suffix}"
+    files = [
+        f"{app}/__init__.py",
+        f"{app}/tasks.py",
+        f"{app}/sub/deep.py",
+        f"{app}/tests.py",
+        f"{app}/test_views.py",
+        f"{app}/conftest.py",
+        f"{app}/tests/factories.py",
+        f"{other}/__init__.py",
+        f"{other}/tasks.py",
+        f"{top}.py",
+        f"test_{top}.py",
+        "scratch.py",
+    ]
+    for relative in files:
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = [app, top, f"test_{top}"]
+    for name in loaded:
+        importlib.import_module(name)
+    try:
+        imported = ImportedCode()
+    finally:
+        for name in loaded:
+            sys.modules.pop(name)
+    held = {path for path in files if tmp_path / path in imported}
+    assert held == {
+        f"{app}/__init__.py",
+        f"{app}/tasks.py",
+        f"{app}/sub/deep.py",
+        f"{top}.py",
+        f"test_{top}.py",  # a test module, but loaded at start: run_jobs imports it
+    }

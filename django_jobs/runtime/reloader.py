@@ -11,19 +11,34 @@ and settings fail once, at start), then runs the same command line again as
 its child, with ``RELOADER_ENV`` naming itself, and polls the watched files
 (``runtime/watched_files.py``). A change, once the burst it belongs to has
 settled (a save of several files, a ``git checkout``, a formatter), stops the
-child with SIGTERM, the graceful stop of docs/running.md "Stopping", and waits
-for it: running jobs finish or are handed back, within the shutdown timeout.
-Then, if every changed file compiles, a new child starts. A file that does not
-compile leaves ``run_jobs`` stopped, the error logged, until a later change
+child gracefully (docs/running.md "Stopping") and waits for it: running jobs
+finish or are handed back, within the shutdown timeout. Then a new child
+starts, unless a changed file of the code ``run_jobs`` imports does not
+compile (``watched_files.ImportedCode``: the modules loaded at start and the
+other modules of their packages, an app's ``tasks.py``, test modules aside).
+Such a file leaves ``run_jobs`` stopped, the error logged, until a later change
 fixes it: a worker started on it would fail each job whose task it cannot
-import, for good (``executor.fail_unloadable``). A child that exits by itself
-(a failed check, an import error at start) is not started again until a file
-changes: no crash loop.
+import, for good (``executor.fail_unloadable``). Any other file that does not
+compile (a script, a test) is reported as a warning, and the child starts:
+``run_jobs`` imports none of it at start, and holding every job back for it
+would stop the jobs of a developer who is only editing a test (a task module
+outside those packages, an unusual layout, fails its jobs as "cannot be
+imported" then, as after a deploy). A child that exits by itself (a failed
+check, an import error at start) is not started again until a file changes: no
+crash loop.
 
-The child runs in a process group of its own, so a Ctrl-C in the terminal
-reaches the reloader only, which forwards it: a first one stops the child
-gracefully, a second one at once (SIGQUIT), as ``run_jobs`` alone does. A child
-whose reloader is gone stops gracefully by itself (``watch_reloader``).
+The child stays in the reloader's process group, the terminal's foreground
+group, as runserver's does: a task of a ``--single-process`` run that reads the
+terminal (``input()``, ``breakpoint()``) reads it, where a background group
+would be stopped by SIGTTIN, deaf to every stop signal but SIGKILL. So a
+Ctrl-C reaches the child as well as the reloader, and the child takes it as
+``run_jobs`` alone does (a first one graceful, a second one at once). What the
+reloader forwards must not count twice: it asks with SIGUSR1, which only ever
+means graceful (``runtime/lifecycle.py``), and with SIGQUIT only once it is
+itself told to stop at once. Each request is followed by SIGCONT to the
+child's tree, so that a stopped process gets it; a child that does not stop
+in time is killed with every process below it. A child whose reloader is gone
+stops gracefully by itself (``watch_reloader``).
 """
 
 from __future__ import annotations
@@ -41,7 +56,7 @@ from django.utils.autoreload import get_child_arguments
 
 from django_jobs.conf import JobsSettings
 from django_jobs.runtime.lifecycle import Lifecycle
-from django_jobs.runtime.watched_files import Watcher, project_roots
+from django_jobs.runtime.watched_files import ImportedCode, Watcher, project_roots
 from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.reloader")
@@ -63,6 +78,16 @@ class ReloadUnavailable(Exception):
 def under_reloader() -> bool:
     """True in the command a reloader started (not in one started by hand)."""
     return os.environ.get(RELOADER_ENV) == str(os.getppid())
+
+
+class ReloadedLifecycle(Lifecycle):
+    """The reloaded command's: its stop signals are those of ``run_jobs`` alone, and
+    its reloader's graceful request (SIGUSR1) is logged as the reloader's."""
+
+    def on_signal(self, signum: signal.Signals) -> None:
+        if signum == signal.SIGUSR1:
+            self.request_stop("asked by the reloader")  # then the base's is a no-op
+        super().on_signal(signum)
 
 
 def watch_reloader(lifecycle: Lifecycle) -> None:
@@ -102,7 +127,7 @@ def run_reloading(conf: JobsSettings, lifecycle: Lifecycle) -> int:
     # A child's graceful stop: its shutdown timeout and interrupt grace, the
     # supervisor's 5 s for the outcomes, and room for its own start.
     stop_timeout = conf.shutdown_timeout + conf.interrupt_grace + 5.0 + 30.0
-    code = Reloader(command, watcher, lifecycle, stop_timeout).run()
+    code = Reloader(command, watcher, lifecycle, stop_timeout, ImportedCode()).run()
     return max(code, 0)  # a child killed by the forwarded signal was stopped as asked
 
 
@@ -140,16 +165,84 @@ def describe(paths: set[Path]) -> str:
     return shown if len(names) <= NAMED_FILES else f"{shown} and {len(names) - NAMED_FILES} more"
 
 
+def process_tree(root: int) -> list[int]:
+    """Every live process below ``root``, its children first, then theirs.
+
+    The child's own process group would not do: it is the reloader's (the
+    terminal's), and a supervisor's workers each have a group of their own.
+    """
+    children: dict[int, list[int]] = {}
+    for pid, parent in process_parents().items():
+        children.setdefault(parent, []).append(pid)
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        frontier = [pid for parent in frontier for pid in children.get(parent, [])]
+        found += frontier
+    return found
+
+
+def process_parents() -> dict[int, int]:
+    """Each process's parent: from ``/proc`` (Linux), else from ``ps`` (macOS, the BSDs);
+    empty if neither answers (the child alone is then signalled)."""
+    proc = Path("/proc")
+    if (proc / "self" / "stat").exists():
+        parents: dict[int, int] = {}
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            # The command name, in parentheses, may itself hold spaces and parentheses.
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        return parents
+    try:
+        listing = subprocess.run(
+            ["ps", "-A", "-o", "pid=", "-o", "ppid="],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    pairs = (line.split() for line in listing.splitlines())
+    return {int(pair[0]): int(pair[1]) for pair in pairs if len(pair) == 2}
+
+
+def send(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass  # gone meanwhile
+
+
+def send_child(child: subprocess.Popen[bytes], signum: int) -> None:
+    """Through ``Popen``, which signals no pid once it has reaped the child."""
+    try:
+        child.send_signal(signum)
+    except ProcessLookupError:
+        pass
+
+
 class Reloader:
     """Runs ``command`` as a child, and again after each settled change of the code."""
 
     def __init__(
-        self, command: list[str], watcher: Watcher, lifecycle: Lifecycle, stop_timeout: float
+        self,
+        command: list[str],
+        watcher: Watcher,
+        lifecycle: Lifecycle,
+        stop_timeout: float,
+        imported: ImportedCode,
     ) -> None:
         self.command = command
         self.watcher = watcher
         self.lifecycle = lifecycle
         self.stop_timeout = stop_timeout
+        self.imported = imported
         self.child: subprocess.Popen[bytes] | None = None
         self.broken: dict[Path, str] = {}
 
@@ -168,7 +261,8 @@ class Reloader:
 
     def start(self) -> None:
         env = {**os.environ, RELOADER_ENV: str(os.getpid())}
-        self.child = subprocess.Popen(self.command, env=env, process_group=0)
+        # In this process's group, the terminal's foreground one (see the module docstring).
+        self.child = subprocess.Popen(self.command, env=env)
         logger.info("run_jobs started (pid %d); reloading it when the code changes", self.child.pid)
 
     def settle(self) -> set[Path]:
@@ -190,7 +284,14 @@ class Reloader:
         if self.lifecycle.stopping.is_set():
             return
         changed |= self.watcher.poll()  # edits made while the child stopped
-        self.broken = syntax_errors(changed | set(self.broken))
+        errors = syntax_errors(changed | set(self.broken))
+        self.broken = {path: error for path, error in errors.items() if path in self.imported}
+        for path, error in errors.items():
+            if path not in self.broken:
+                logger.warning(
+                    "--reload: %s (not a module run_jobs imports: restarting all the same)",
+                    error,
+                )
         if self.broken:
             for error in self.broken.values():
                 logger.error("--reload: %s", error)
@@ -218,16 +319,15 @@ class Reloader:
         if child is None:
             return 0
         immediate = self.lifecycle.immediate.is_set()
-        self.signal(child, signal.SIGQUIT if immediate else signal.SIGTERM)
+        self.ask(child, signal.SIGQUIT if immediate else signal.SIGUSR1)
         deadline = time.monotonic() + self.stop_timeout
         while child.poll() is None:
             if time.monotonic() > deadline:
                 logger.error("run_jobs (pid %d) did not stop; killing it", child.pid)
-                child.kill()
-                return child.wait()
+                return self.kill(child)
             if self.lifecycle.immediate.is_set() and not immediate:
                 immediate = True
-                self.signal(child, signal.SIGQUIT)
+                self.ask(child, signal.SIGQUIT)
             try:
                 child.wait(0.1)
             except subprocess.TimeoutExpired:
@@ -235,8 +335,22 @@ class Reloader:
         return child.returncode
 
     @staticmethod
-    def signal(child: subprocess.Popen[bytes], signum: int) -> None:
-        try:
-            child.send_signal(signum)
-        except ProcessLookupError:
-            pass
+    def ask(child: subprocess.Popen[bytes], signum: int) -> None:
+        """Send ``signum``, then SIGCONT to the child and its tree: a stopped process
+        (Ctrl-Z, SIGSTOP, a read of the terminal from a background group) would keep the
+        request pending, and stop nothing, until it is continued."""
+        send_child(child, signum)
+        send_child(child, signal.SIGCONT)
+        for pid in process_tree(child.pid):
+            send(pid, signal.SIGCONT)
+
+    @staticmethod
+    def kill(child: subprocess.Popen[bytes]) -> int:
+        """SIGKILL the child and every process below it (a supervisor's workers, which a
+        kill of the supervisor alone would leave running): frozen first, so that it
+        starts no other meanwhile."""
+        send_child(child, signal.SIGSTOP)
+        for pid in process_tree(child.pid):
+            send(pid, signal.SIGKILL)
+        send_child(child, signal.SIGKILL)
+        return child.wait()

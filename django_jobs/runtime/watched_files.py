@@ -10,8 +10,13 @@ of each module it has loaded itself (settings, models, URLconf, and the
 installed libraries, as runserver does).
 
 Walking the project skips what is not the project's code: hidden directories
-(``.venv``, ``.git``, ``.tox``), any directory holding a ``pyvenv.cfg`` (a
-virtualenv of any name), ``__pycache__``, ``node_modules`` and site-packages.
+(``.venv``, ``.git``, ``.tox``, ``.nox``, the tools' ``.*_cache``), any directory
+holding a ``pyvenv.cfg`` (a virtualenv of any name), ``__pycache__``,
+``node_modules``, installed libraries (``site-packages``, ``__pypackages__``),
+packaging's output (``*.egg-info``, and ``build``/``dist`` unless they are a
+package: an app may be named so) and the settings' ``STATIC_ROOT`` and
+``MEDIA_ROOT`` (collected and uploaded files, which can be many). Each is
+walked again at every poll, for nothing.
 
 Changes are found by polling each file's modification time, size and inode, as
 Django's ``StatReloader`` does, rather than with inotify: see docs/running.md,
@@ -23,6 +28,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable, Iterator
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from django.conf import settings
@@ -32,7 +38,14 @@ from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.reloader")
 
-SKIPPED_DIRECTORIES = frozenset({"__pycache__", "node_modules", "site-packages", "dist-packages"})
+# Never the project's code, whatever holds them (a root inside one is not walked either).
+SKIPPED_DIRECTORIES = frozenset(
+    {"__pycache__", "node_modules", "site-packages", "dist-packages", "__pypackages__"}
+)
+# Packaging's output: skipped when walking, unless a package of that name (``__init__.py``).
+BUILD_DIRECTORIES = frozenset({"build", "dist"})
+# What pytest and unittest collect: a syntax error there holds no job back.
+TEST_MODULES = ("test_*.py", "*_test.py", "*_tests.py", "tests.py", "conftest.py")
 
 # What tells a file changed: its modification time (ns), size and inode (an editor
 # that saves by renaming a new file over the old one changes the inode).
@@ -100,20 +113,45 @@ def is_virtualenv(directory: Path) -> bool:
 def project_files(roots: Iterable[Path]) -> Iterator[Path]:
     """Every ``*.py`` file under ``roots``, pruning what is not the project's code."""
     interpreter = interpreter_directories()
+    collected = collected_directories()
     for root in roots:
         for directory, subdirectories, files in os.walk(root):
             here = Path(directory)
             subdirectories[:] = [
                 name
                 for name in subdirectories
-                if not name.startswith(".")
-                and name not in SKIPPED_DIRECTORIES
-                and not is_virtualenv(here / name)
-                and not is_within(here / name, interpreter)
+                if not is_skipped(here / name, interpreter, collected)
             ]
             for name in files:
                 if name.endswith(".py"):
                     yield here / name
+
+
+def is_skipped(directory: Path, interpreter: list[Path], collected: list[Path]) -> bool:
+    """A directory below a root that holds no code of the project (module docstring)."""
+    name = directory.name
+    return (
+        name.startswith(".")
+        or name in SKIPPED_DIRECTORIES
+        or name.endswith(".egg-info")
+        or (name in BUILD_DIRECTORIES and not (directory / "__init__.py").is_file())
+        or directory in collected
+        or is_virtualenv(directory)
+        or is_within(directory, interpreter)
+    )
+
+
+def collected_directories() -> list[Path]:
+    """``STATIC_ROOT`` and ``MEDIA_ROOT``: files Django serves or stores, never imports."""
+    directories = []
+    for name in ("STATIC_ROOT", "MEDIA_ROOT"):
+        value = getattr(settings, name, None)
+        if value:
+            try:
+                directories.append(Path(value).resolve())
+            except (OSError, RuntimeError):
+                continue
+    return directories
 
 
 def watched_files(roots: Iterable[Path]) -> set[Path]:
@@ -157,3 +195,52 @@ class Watcher:
         changed = changed_files(self.stamps, stamps)
         self.stamps = stamps
         return changed
+
+
+class ImportedCode:
+    """The code ``run_jobs`` imports, whose syntax errors hold a reload back: the modules
+    this process loaded at start (settings, apps, models, URLconf: the same as the
+    reloaded command's), and every other module of the packages they belong to, for a
+    worker imports an app's ``tasks.py`` when a job of it runs. Test modules (by pytest's
+    and unittest's names, or under a ``tests`` directory of the package) are not: nothing
+    run_jobs runs imports them.
+
+    Not every file a worker could import: a namespace package makes any ``*.py`` under
+    a ``sys.path`` directory importable, scripts and tests included.
+    """
+
+    def __init__(self) -> None:
+        self.files = set(iter_all_python_module_files())
+        directories = loaded_packages()
+        # The outermost package of each tree: its subpackages are inside it.
+        self.packages = sorted(
+            directory
+            for directory in directories
+            if not any(parent in directories for parent in directory.parents)
+        )
+
+    def __contains__(self, path: Path) -> bool:
+        if path in self.files:
+            return True
+        if any(fnmatchcase(path.name, pattern) for pattern in TEST_MODULES):
+            return False
+        for package in self.packages:
+            if is_within(path.parent, [package]):
+                return "tests" not in path.parent.relative_to(package).parts
+        return False
+
+
+def loaded_packages() -> set[Path]:
+    """The directories of every package loaded here (a namespace package's several)."""
+    directories: set[Path] = set()
+    for module in list(sys.modules.values()):
+        try:
+            entries = [str(entry) for entry in getattr(module, "__path__", None) or []]
+        except Exception:  # a lazy or proxy module: it is no package of the project
+            continue
+        for entry in entries:
+            try:
+                directories.add(Path(entry).resolve())
+            except (OSError, RuntimeError, ValueError):
+                continue
+    return directories

@@ -14,6 +14,7 @@ from django_jobs.conf import JobsSettings
 from django_jobs.runtime.lifecycle import Lifecycle
 from django_jobs.runtime.logs import configure_logging
 from django_jobs.runtime.reloader import (
+    ReloadedLifecycle,
     ReloadUnavailable,
     run_reloading,
     under_reloader,
@@ -110,10 +111,11 @@ class Command(BaseCommand):
         refuse_unknown_queues(conf, "--queues" if "queues" in overrides else None)
         verbosity = options["verbosity"]
         configure_logging(verbosity)
-        lifecycle = Lifecycle()
+        reloaded = options["reload"] and under_reloader()
+        lifecycle = ReloadedLifecycle() if reloaded else Lifecycle()
         lifecycle.install_signal_handlers()
         if options["reload"]:
-            if not under_reloader():
+            if not reloaded:
                 self.reload(conf, lifecycle)
                 return
             watch_reloader(lifecycle)  # the reloaded command itself
