@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
 
-from django_jobs.runtime.reloader import describe, syntax_errors
+from django_jobs.runtime.reloader import describe, process_parents, process_tree, syntax_errors
 from django_jobs.runtime.watched_files import (
     ImportedCode,
     Watcher,
@@ -182,3 +184,18 @@ def test_imported_code_is_what_run_jobs_loads_at_start_and_their_packages(tmp_pa
         f"{top}.py",
         f"test_{top}.py",  # a test module, but loaded at start: run_jobs imports it
     }
+
+
+def test_the_process_tree_is_read_from_proc_or_from_ps_where_there_is_none(tmp_path):
+    """``ps`` stands in for ``/proc`` on macOS and the BSDs; both give this very tree."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        from_proc = process_parents()
+        from_ps = process_parents(tmp_path / "no-proc")
+        for parents in (from_proc, from_ps):
+            assert parents[os.getpid()] == os.getppid()
+            assert parents[child.pid] == os.getpid()
+        assert child.pid in process_tree(os.getpid())
+    finally:
+        child.kill()
+        child.wait()

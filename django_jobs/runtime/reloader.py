@@ -182,10 +182,9 @@ def process_tree(root: int) -> list[int]:
     return found
 
 
-def process_parents() -> dict[int, int]:
+def process_parents(proc: Path = Path("/proc")) -> dict[int, int]:
     """Each process's parent: from ``/proc`` (Linux), else from ``ps`` (macOS, the BSDs);
     empty if neither answers (the child alone is then signalled)."""
-    proc = Path("/proc")
     if (proc / "self" / "stat").exists():
         parents: dict[int, int] = {}
         for entry in proc.iterdir():
