@@ -10,7 +10,13 @@ import sys
 import uuid
 from pathlib import Path
 
-from django_jobs.runtime.reloader import describe, process_parents, process_tree, syntax_errors
+from django_jobs.runtime.reloader import (
+    describe,
+    forget_bytecode,
+    process_parents,
+    process_tree,
+    syntax_errors,
+)
 from django_jobs.runtime.watched_files import (
     ImportedCode,
     Watcher,
@@ -199,3 +205,37 @@ def test_the_process_tree_is_read_from_proc_or_from_ps_where_there_is_none(tmp_p
     finally:
         child.kill()
         child.wait()
+
+
+def import_answer(directory: Path, name: str) -> str:
+    """``ANSWER`` of module ``name``, as a fresh interpreter (the restarted run_jobs) sees it."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {name}; print({name}.ANSWER)"],
+        cwd=directory,
+        # Bytecode written and read, as under tox (a developer's shell may turn it off).
+        env={
+            **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+            "PYTHONPATH": str(directory),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_same_size_save_within_the_second_of_the_import_runs_the_new_code(tmp_path):
+    """Python trusts a .pyc whose recorded source size and mtime (whole seconds) match: a
+    one-character fix saved within the second of the last import would otherwise be
+    restarted into the old code (CI saw a reload test run v1 after its edit to v2)."""
+    name = f"same_size_{uuid.uuid4().hex[:8]}"
+    source = tmp_path / f"{name}.py"
+    source.write_text('ANSWER = "v1"\n')
+    stamp = source.stat().st_mtime_ns
+    assert import_answer(tmp_path, name) == "v1"  # writes __pycache__/<name>.pyc
+    source.write_text('ANSWER = "v2"\n')
+    os.utime(source, ns=(stamp, stamp))  # the same second, as a quick save is
+    assert import_answer(tmp_path, name) == "v1", "the cached bytecode is trusted"
+    forget_bytecode({source, tmp_path / "notes.txt"})
+    assert import_answer(tmp_path, name) == "v2"
