@@ -133,14 +133,13 @@ _argv, sys.argv = sys.argv, [sys.argv[0], "--phases", "drain"]
 import bench.throughput as tp  # noqa: E402
 
 sys.argv = _argv
-from bench import admin_pages  # noqa: E402  (its stock admin and URLconf come along)
-
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from bench import admin_pages  # noqa: E402  (its stock admin and URLconf come along)
 from bench.tables import empty, tables_of  # noqa: E402
 from bench.tasks import noop  # noqa: E402
 from django_jobs.models import (  # noqa: E402
@@ -227,7 +226,9 @@ def history_expressions(total: int, offset: int, now: datetime) -> dict[str, str
     """Column -> SQL of job number ``n + offset`` (1 the oldest) of ``total``.
 
     The SQL goes through a cursor with parameters: a literal percent sign is doubled."""
-    k = f"(n + {offset})"
+    # tp.series' row number: MariaDB's sequence table calls its column "seq".
+    number = "seq" if connection.vendor == "mysql" else "n"
+    k = f"({number} + {offset})"
     step = HISTORY_DAYS * 86400 / total
     finished = f"({total} - {k}) * {step!r} + 1"
     queue_case = " ".join(f"WHEN {i} THEN '{q}'" for i, q in enumerate(QUEUES))
@@ -641,7 +642,8 @@ def relation_sizes() -> str:
             return f"{table} {cursor.fetchone()[0]} with indexes"
         if connection.vendor == "mysql":
             cursor.execute(
-                "SELECT ROUND((data_length + index_length) / 1048576) FROM information_schema.tables "
+                "SELECT ROUND((data_length + index_length) / 1048576) "
+                "FROM information_schema.tables "
                 "WHERE table_schema = DATABASE() AND table_name = %s",
                 [table],
             )
