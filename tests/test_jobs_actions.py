@@ -589,6 +589,29 @@ def command_env() -> dict[str, str]:
     return env
 
 
+@contextmanager
+def on_terminal(*args: str, text: bool = False) -> Iterator[tuple[subprocess.Popen, int]]:
+    """``manage.py jobs <args>`` reading a pseudo-terminal (so it may ask), its output piped;
+    yields the process and the terminal's other end, to type into."""
+    primary, secondary = pty.openpty()
+    try:
+        yield (
+            subprocess.Popen(
+                [sys.executable, str(MANAGE), "jobs", *args],
+                cwd=REPO_ROOT,
+                env=command_env(),
+                stdin=secondary,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=text,
+            ),
+            primary,
+        )
+    finally:
+        os.close(secondary)
+        os.close(primary)
+
+
 def run_command(*args: str, **popen: Any) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(MANAGE), "jobs", *args],
@@ -617,22 +640,9 @@ def test_a_real_process_exits_with_the_documented_codes_and_asks_on_a_terminal()
     assert status(job) == JobStatus.FAILED
 
     # On a terminal it asks, and reads the answer from it.
-    primary, secondary = pty.openpty()
-    try:
-        process = subprocess.Popen(
-            [sys.executable, str(MANAGE), "jobs", "retry", "--all"],
-            cwd=REPO_ROOT,
-            env=command_env(),
-            stdin=secondary,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    with on_terminal("retry", "--all", text=True) as (process, primary):
         os.write(primary, b"y\n")
         out, err = process.communicate(timeout=120)
-    finally:
-        os.close(secondary)
-        os.close(primary)
     assert process.returncode == 0, err
     assert f"1 job to retry: #{job.pk}\nRetry 1 job? [y/N] Retried: 1 job.\n" == out
     assert status(job) == JobStatus.READY
@@ -660,16 +670,7 @@ def test_a_real_process_exits_with_the_documented_codes_and_asks_on_a_terminal()
 @pytest.mark.django_db(transaction=True)
 def test_ctrl_c_at_the_question_on_a_terminal_exits_3_without_a_traceback():
     job = failed()
-    primary, secondary = pty.openpty()
-    try:
-        process = subprocess.Popen(
-            [sys.executable, str(MANAGE), "jobs", "retry", "--all"],
-            cwd=REPO_ROOT,
-            env=command_env(),
-            stdin=secondary,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+    with on_terminal("retry", "--all") as (process, _):
         assert process.stdout is not None
         asked = b""
         while not asked.endswith(b"[y/N] "):  # the question, flushed without a newline
@@ -678,9 +679,6 @@ def test_ctrl_c_at_the_question_on_a_terminal_exits_3_without_a_traceback():
             asked += chunk
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=120)
-    finally:
-        os.close(secondary)
-        os.close(primary)
     assert process.returncode == NOT_CONFIRMED, err
     assert (asked + out).decode().endswith("Retry 1 job? [y/N] \nNothing was changed.\n")
     assert b"Traceback" not in err and b"KeyboardInterrupt" not in err
