@@ -13,9 +13,9 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobs.core.maintenance import prune_finished_jobs
+from django_jobs.core.maintenance import prune_finished_jobs, prune_round
 from django_jobs.core.operator import retry_failed_job
-from django_jobs.models import Batch, FailedExecution, Job, JobStatus
+from django_jobs.models import Batch, FailedExecution, Job, JobStatus, ReadyExecution
 from tests.factories import (
     ClaimedExecutionFactory,
     FailedExecutionFactory,
@@ -303,3 +303,93 @@ def test_a_job_row_someone_holds_is_skipped_not_waited_for():
     assert not Job.objects.filter(pk__in=[job.pk for job in others]).exists()
     assert prune_finished_jobs("default", ago(7 * DAY)).total_jobs == 1
     assert not Job.objects.exists()
+
+
+def retry_during_a_prune_round(monkeypatch, round_with_hook) -> Job:
+    """An operator's retry of an old failed job holds its row, uncommitted, while a prune
+    round reads the jobs; it commits only once the round has read them. Returns the job.
+
+    No database constraint ties a ready row to its job (``Job``'s docstring): what keeps
+    the retried job is the prune taking the row under its lock and reading the status
+    there. ``round_with_hook(read_done, ...)`` is the round under test, calling
+    ``read_done.set()`` once it has read the jobs it will delete.
+    """
+    old = ago(8 * DAY)
+    retried_job = finished(JobStatus.FAILED, old, failures=1)
+    other = finished(JobStatus.FAILED, old, failures=1)
+    retried = threading.Event()
+    read_done = threading.Event()
+
+    def retry() -> None:
+        try:
+            with transaction.atomic():
+                assert retry_failed_job("default", retried_job.pk)
+                retried.set()
+                assert read_done.wait(10), "the prune never read the jobs"
+        finally:
+            connection.close()
+
+    def hooked(db, status, *args):
+        if status != JobStatus.FAILED:  # the retried job's round only
+            return prune_round(db, status, *args)
+        return round_with_hook(read_done, db, status, *args)
+
+    monkeypatch.setattr("django_jobs.core.maintenance.prune_round", hooked)
+    retrier = threading.Thread(target=retry)
+    retrier.start()
+    try:
+        assert retried.wait(10)
+        counts = other_connection(lambda: prune_finished_jobs("default", ago(7 * DAY)))
+    finally:
+        read_done.set()
+        retrier.join(30)
+    assert not Job.objects.filter(pk=other.pk).exists()
+    assert counts.jobs[JobStatus.FAILED] >= 1
+    return retried_job
+
+
+def ours_then_hook(read_done, *args):
+    """Ours: one round, reading and deleting under its locks; the hook after it."""
+    try:
+        return prune_round(*args)
+    finally:
+        read_done.set()
+
+
+def unguarded_round(read_done, db, status, cutoff, after, batch_size):
+    """The unprotected twin: the ids read without a lock, deleted by id alone."""
+    from django_jobs.db import ops
+    from django_jobs.db.rows import PrunedRound
+
+    ids = list(
+        Job.objects.using(db)
+        .filter(status=status, finished_at__lt=cutoff)
+        .values_list("pk", flat=True)[:batch_size]
+    )
+    read_done.set()
+    with transaction.atomic(using=db):
+        failures = ops(db).delete_executions(db, FailedExecution, ids)
+        deleted = ops(db).delete_by_pk(db, Job, ids)
+    return PrunedRound(deleted, failures, None)
+
+
+def needs_row_locks():
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no row locks: a retry and a prune are serialised as a whole")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_in_flight_during_the_prune_keeps_its_job(monkeypatch):
+    needs_row_locks()
+    job = retry_during_a_prune_round(monkeypatch, ours_then_hook)
+    assert Job.objects.get(pk=job.pk).status == JobStatus.READY
+    assert ReadyExecution.objects.filter(job_id=job.pk).exists()
+    assert FailedExecution.objects.filter(job_id=job.pk).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unprotected_prune_deletes_a_job_retried_in_flight_leaving_its_ready_row(monkeypatch):
+    needs_row_locks()
+    job = retry_during_a_prune_round(monkeypatch, unguarded_round)
+    assert not Job.objects.filter(pk=job.pk).exists()
+    assert ReadyExecution.objects.filter(job_id=job.pk).exists()  # an orphan a worker would claim
