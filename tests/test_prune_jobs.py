@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobs.core.maintenance import prune_finished_jobs, prune_round
+from django_jobs.core.maintenance import clear_finished_jobs, prune_finished_jobs, prune_round
 from django_jobs.core.operator import retry_failed_job
 from django_jobs.models import Batch, FailedExecution, Job, JobStatus, ReadyExecution
 from tests.factories import (
@@ -138,6 +138,16 @@ def test_without_a_default_age_it_asks_for_one(settings):
         (["--older-than=-1d"], "is not an age"),
         (["--status", "running"], "not a finished status: running"),
         (["--batch-size", "0"], "at least 1"),
+        (["--older-than", "0"], "a moment ago"),
+        (["--older-than", "0d"], "a moment ago"),
+        (["--older-than", "99999999999d"], "nothing is that old"),
+        (["--older-than", "failed=30d,running=1d"], "not a finished status: running"),
+        (["--older-than", "failed=30d,failed=1d"], "two ages"),
+        (["--older-than", "failed=0"], "a moment ago"),
+        (["--older-than", "failed=30d,1d"], "names no status"),
+        (["--rest", "-1"], "--rest must be"),
+        (["--rest", "nan"], "--rest must be"),
+        (["--rest", "1e9"], "--rest must be"),
     ],
 )
 @pytest.mark.django_db
@@ -146,6 +156,48 @@ def test_bad_arguments_are_refused(args, message):
     with pytest.raises(CommandError, match=message):
         prune(*args)
     assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_an_age_per_status_on_the_command_line_keeps_the_statuses_left_out():
+    old, older = ago(3 * DAY), ago(40 * DAY)
+    jobs = {
+        (status, when): finished(status, when, failures=int(status == JobStatus.FAILED))
+        for status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DISCARDED)
+        for when in (old, older)
+    }
+    output = prune("--older-than", "succeeded=1d,failed=30d")
+    kept = {
+        (job.status, when)
+        for (_, when), job in jobs.items()
+        if Job.objects.filter(pk=job.pk).exists()
+    }
+    assert kept == {
+        (JobStatus.FAILED, old),
+        (JobStatus.DISCARDED, old),
+        (JobStatus.DISCARDED, older),
+    }
+    assert "Deleted 3 job(s): succeeded 2 finished before " in output
+    assert "(older than 1 day), failed 1 finished before " in output
+    assert "(older than 30 days); 1 failure row(s)." in output  # batches need all three
+
+
+@pytest.mark.django_db
+def test_retention_per_status_from_the_settings(settings):
+    """A status left out keeps the default 7 days; None keeps it forever."""
+    settings.DJANGO_JOBS = {"clear_finished_jobs_after": {"succeeded": 3600, "discarded": None}}
+    jobs = {
+        "succeeded 2h": finished(JobStatus.SUCCEEDED, ago(timedelta(hours=2))),
+        "succeeded 30m": finished(JobStatus.SUCCEEDED, ago(timedelta(minutes=30))),
+        "failed 6d": finished(JobStatus.FAILED, ago(6 * DAY)),
+        "failed 8d": finished(JobStatus.FAILED, ago(8 * DAY)),
+        "discarded 400d": finished(JobStatus.DISCARDED, ago(400 * DAY)),
+    }
+    assert clear_finished_jobs("default", settings.DJANGO_JOBS["clear_finished_jobs_after"]) == 2
+    kept = {name for name, job in jobs.items() if Job.objects.filter(pk=job.pk).exists()}
+    assert kept == {"succeeded 30m", "failed 6d", "discarded 400d"}
+    finished(JobStatus.SUCCEEDED, ago(timedelta(hours=3)))
+    assert "Deleted 1 job(s): succeeded 1 finished before" in prune()
 
 
 @pytest.mark.parametrize(
