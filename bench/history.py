@@ -843,9 +843,10 @@ def main() -> int:
     except (RuntimeError, tp.WorkerCrashed) as exc:
         print(f"FAILED: {exc}\nworker logs kept in {log_dir}", file=sys.stderr)
         return 1
+    vacuum = history_server.autovacuum_off(connection, Job._meta.db_table)
     print(
         f"database: {connection.vendor} {tp.server_version()}, {database_name(HISTORY_URL)} "
-        f"against {database_name(empty_url)}"
+        f"against {database_name(empty_url)}{f'; {vacuum}' if vacuum else ''}"
     )
     print(
         f"history: {history_rows:,} finished jobs ({failures:,} failures), over {HISTORY_DAYS} "

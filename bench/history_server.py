@@ -111,6 +111,7 @@ class VacuumWatch:
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    disabled: str = ""  # why autovacuum cannot run on the table, if it cannot
 
     def __post_init__(self) -> None:
         self.halt = threading.Event()
@@ -118,6 +119,7 @@ class VacuumWatch:
 
     def start(self) -> VacuumWatch:
         self.before = table_stats(connection, self.table)
+        self.disabled = autovacuum_off(connection, self.table)
         self.began = time.perf_counter()
         if connection.vendor != "sqlite":
             self.thread.start()
@@ -162,6 +164,8 @@ class VacuumWatch:
             )
         if not self.seen:
             text = f"autovacuum did not run on {self.table} during the {span:.0f} s"
+            if self.disabled:
+                text += f" ({self.disabled}: nothing but a manual VACUUM reclaims dead rows)"
         else:
             first, last = self.seen[0][0], self.seen[-1][0]
             phases = list(dict.fromkeys(phase for _, phase in self.seen))
@@ -214,3 +218,22 @@ def table_stats(db: BaseDatabaseWrapper, table: str) -> dict[str, Any]:
         )
         row = cursor.fetchone()
     return dict(zip(("n_dead_tup", "autovacuum_count", "last_autovacuum"), row, strict=True))
+
+
+def autovacuum_off(db: BaseDatabaseWrapper, table: str) -> str:
+    """Why autovacuum will not vacuum ``table`` (the server's setting or the table's storage
+    parameter), '' if it may."""
+    if db.vendor != "postgresql":
+        return ""
+    with db.cursor() as cursor:
+        cursor.execute("SELECT current_setting('autovacuum'), current_setting('track_counts')")
+        server, counts = cursor.fetchone()
+        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [table])
+        options = cursor.fetchone()[0] or []
+    if server != "on":
+        return "autovacuum is off on this server"
+    if counts != "on":
+        return "track_counts is off on this server"
+    if "autovacuum_enabled=false" in options:
+        return f"autovacuum_enabled=false on {table}"
+    return ""
