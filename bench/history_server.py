@@ -169,8 +169,9 @@ class VacuumWatch:
         else:
             first, last = self.seen[0][0], self.seen[-1][0]
             phases = list(dict.fromkeys(phase for _, phase in self.seen))
+            who = "a vacuum" if any("client" in p for p in phases) else "autovacuum"
             text = (
-                f"autovacuum ran on {self.table} from {first:.0f} s to {last:.0f} s of the "
+                f"{who} ran on {self.table} from {first:.0f} s to {last:.0f} s of the "
                 f"{span:.0f} s ({last - first + SAMPLE_S:.0f} s seen; phases: "
                 f"{', '.join(phases)})"
             )
@@ -184,17 +185,20 @@ class VacuumWatch:
 
 
 def autovacuum_phase(db: BaseDatabaseWrapper, table: str) -> str:
-    """The phase of an autovacuum of ``table`` going on now, '' if none."""
+    """The phase of a vacuum of ``table`` going on now, '' if none; a VACUUM that a client
+    runs (a prune that vacuums after itself, say) is named as such."""
     with db.cursor() as cursor:
         cursor.execute(
-            "SELECT p.phase FROM pg_stat_progress_vacuum p "
+            "SELECT p.phase, a.backend_type FROM pg_stat_progress_vacuum p "
             "JOIN pg_stat_activity a ON a.pid = p.pid "
-            "WHERE p.datname = current_database() AND p.relid = %s::regclass "
-            "AND a.backend_type = 'autovacuum worker'",
+            "WHERE p.datname = current_database() AND p.relid = %s::regclass",
             [table],
         )
         row = cursor.fetchone()
-    return row[0] if row else ""
+    if row is None:
+        return ""
+    phase, backend = row
+    return phase if backend == "autovacuum worker" else f"{phase} (a client's VACUUM)"
 
 
 def history_list_length(db: BaseDatabaseWrapper) -> int:
