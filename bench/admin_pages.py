@@ -32,6 +32,7 @@ import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ from django.db import connection, models, transaction  # noqa: E402
 from django.http import HttpResponse  # noqa: E402
 from django.test import Client, override_settings  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
-from django.urls import path  # noqa: E402
+from django.urls import include, path  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from django_jobs.core.dependencies import DEPENDENCY_FAILED_ERROR  # noqa: E402
@@ -495,6 +496,9 @@ stock_site.register(Job, StockJobAdmin)
 
 bench_urls = types.ModuleType("bench_urls")
 bench_urls.urlpatterns = [path("admin/", admin.site.urls), path("stock/", stock_site.urls)]
+# The metrics endpoint, mounted as docs/metrics.md mounts it.
+if find_spec("prometheus_client") is not None:
+    bench_urls.urlpatterns.append(path("jobs/metrics", include("django_jobs.metrics.urls")))
 sys.modules["bench_urls"] = bench_urls
 
 
