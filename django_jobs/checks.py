@@ -22,6 +22,7 @@ from django_jobs.core.recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_
 from django_jobs.db import features
 from django_jobs.exceptions import InvalidTaskArguments, TaskNotFound
 from django_jobs.limits import declared_seconds, is_number
+from django_jobs.models import FINISHED_STATUSES
 from django_jobs.tasks.backends import JobsBackendBase, jobs_backends
 from django_jobs.tasks.job_task import MAX_CONCURRENCY_LIMIT, bound_arguments, is_int
 from django_jobs.tasks.loading import load_task
@@ -235,6 +236,9 @@ def number_checks(conf: JobsSettings) -> list[Any]:
             errors.append(Error(problem, id="django_jobs.E008"))
     for name, strict, hint, check_id in OPTIONAL_SECONDS_SETTINGS:
         value = getattr(conf, name)
+        if name == "clear_finished_jobs_after" and isinstance(value, Mapping):
+            errors.extend(Error(p, hint=hint, id=check_id) for p in retention_problems(value))
+            continue
         problem = None if value is None else setting_seconds_problem(name, value, strict=strict)
         if problem:
             errors.append(Error(problem, hint=hint, id=check_id))
@@ -268,6 +272,28 @@ def max_concurrency_checks(conf: JobsSettings) -> list[Any]:
         for queue, cap in conf.max_concurrency.items()
         if not is_int(cap) or not 1 <= cap <= MAX_CONCURRENCY_LIMIT
     ]
+
+
+def retention_problems(value: Mapping[Any, Any]) -> list[str]:
+    """``clear_finished_jobs_after`` per status: finished statuses only, each seconds or None."""
+    problems = []
+    for status, seconds in value.items():
+        where = f"DJANGO_JOBS['clear_finished_jobs_after'][{safe_repr(status, 40)}]"
+        if status not in FINISHED_STATUSES:
+            problems.append(
+                f"DJANGO_JOBS['clear_finished_jobs_after'] names {safe_repr(status, 40)}, "
+                f"which is not a finished status: use {', '.join(FINISHED_STATUSES)}."
+            )
+        elif seconds is not None and not is_number(seconds):
+            problems.append(
+                f"{where} must be a number of seconds or None, not {safe_repr(seconds, 60)}."
+            )
+        elif seconds is not None:
+            try:
+                declared_seconds(seconds, where, strict=False)
+            except ValueError as exc:
+                problems.append(f"{exc}.")
+    return problems
 
 
 def setting_seconds_problem(name: str, value: Any, *, strict: bool) -> str | None:

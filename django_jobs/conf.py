@@ -48,8 +48,10 @@ class JobsSettings:
     cancel_poll_interval: float = 1.0
     maintenance_interval: float = 60.0
     # Seconds to keep finished jobs (results readable) before maintenance deletes them;
-    # None keeps them forever.
-    clear_finished_jobs_after: float | None = 86400.0 * 7
+    # None keeps them forever. Or per status: {"succeeded": 86400, "failed": 30 * 86400},
+    # where a status left out keeps 7 days and None keeps that status forever
+    # (docs/housekeeping.md).
+    clear_finished_jobs_after: float | dict[str, float | None] | None = 86400.0 * 7
     db_retry_max_delay: float = 10.0
     # PostgreSQL: LISTEN for ready jobs so idle workers wake at once (polling stays the
     # fallback). True, False, or the DATABASES alias to listen through (a direct

@@ -119,6 +119,21 @@ def test_zero_keeps_no_finished_job_and_says_so_when_refusing():
     assert "None keeps finished jobs forever" in error.hint
 
 
+def test_a_retention_per_status_is_checked_status_by_status():
+    """A dict of finished status -> seconds or None; anything else one error each, E023."""
+    good = {"succeeded": 3600, "failed": 30 * 86400.0, "discarded": None}
+    assert errors_for("clear_finished_jobs_after", good) == []
+    assert errors_for("clear_finished_jobs_after", {}) == []
+    bad = {"running": 1, "failed": -1, "succeeded": math.nan, "discarded": "1d"}
+    errors = errors_for("clear_finished_jobs_after", bad)
+    assert [error.id for error in errors] == ["django_jobs.E023"] * 4
+    text = "\n".join(error.msg for error in errors)
+    assert "names 'running', which is not a finished status" in text
+    assert "['failed'] must be >= 0 seconds, not -1" in text
+    assert "['succeeded'] must be a finite number of seconds, not nan" in text
+    assert "['discarded'] must be a number of seconds or None, not '1d'" in text
+
+
 @pytest.mark.parametrize(
     "cap", [0, -1, 1_000_001, math.nan, math.inf, 1.5, True, "3", None], ids=repr
 )

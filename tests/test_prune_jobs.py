@@ -13,9 +13,9 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobs.core.maintenance import prune_finished_jobs
+from django_jobs.core.maintenance import clear_finished_jobs, prune_finished_jobs, prune_round
 from django_jobs.core.operator import retry_failed_job
-from django_jobs.models import Batch, FailedExecution, Job, JobStatus
+from django_jobs.models import Batch, FailedExecution, Job, JobStatus, ReadyExecution
 from tests.factories import (
     ClaimedExecutionFactory,
     FailedExecutionFactory,
@@ -138,6 +138,16 @@ def test_without_a_default_age_it_asks_for_one(settings):
         (["--older-than=-1d"], "is not an age"),
         (["--status", "running"], "not a finished status: running"),
         (["--batch-size", "0"], "at least 1"),
+        (["--older-than", "0"], "a moment ago"),
+        (["--older-than", "0d"], "a moment ago"),
+        (["--older-than", "99999999999d"], "nothing is that old"),
+        (["--older-than", "failed=30d,running=1d"], "not a finished status: running"),
+        (["--older-than", "failed=30d,failed=1d"], "two ages"),
+        (["--older-than", "failed=0"], "a moment ago"),
+        (["--older-than", "failed=30d,1d"], "names no status"),
+        (["--rest", "-1"], "--rest must be"),
+        (["--rest", "nan"], "--rest must be"),
+        (["--rest", "1e9"], "--rest must be"),
     ],
 )
 @pytest.mark.django_db
@@ -146,6 +156,48 @@ def test_bad_arguments_are_refused(args, message):
     with pytest.raises(CommandError, match=message):
         prune(*args)
     assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_an_age_per_status_on_the_command_line_keeps_the_statuses_left_out():
+    old, older = ago(3 * DAY), ago(40 * DAY)
+    jobs = {
+        (status, when): finished(status, when, failures=int(status == JobStatus.FAILED))
+        for status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DISCARDED)
+        for when in (old, older)
+    }
+    output = prune("--older-than", "succeeded=1d,failed=30d")
+    kept = {
+        (job.status, when)
+        for (_, when), job in jobs.items()
+        if Job.objects.filter(pk=job.pk).exists()
+    }
+    assert kept == {
+        (JobStatus.FAILED, old),
+        (JobStatus.DISCARDED, old),
+        (JobStatus.DISCARDED, older),
+    }
+    assert "Deleted 3 job(s): succeeded 2 finished before " in output
+    assert "(older than 1 day), failed 1 finished before " in output
+    assert "(older than 30 days); 1 failure row(s)." in output  # batches need all three
+
+
+@pytest.mark.django_db
+def test_retention_per_status_from_the_settings(settings):
+    """A status left out keeps the default 7 days; None keeps it forever."""
+    settings.DJANGO_JOBS = {"clear_finished_jobs_after": {"succeeded": 3600, "discarded": None}}
+    jobs = {
+        "succeeded 2h": finished(JobStatus.SUCCEEDED, ago(timedelta(hours=2))),
+        "succeeded 30m": finished(JobStatus.SUCCEEDED, ago(timedelta(minutes=30))),
+        "failed 6d": finished(JobStatus.FAILED, ago(6 * DAY)),
+        "failed 8d": finished(JobStatus.FAILED, ago(8 * DAY)),
+        "discarded 400d": finished(JobStatus.DISCARDED, ago(400 * DAY)),
+    }
+    assert clear_finished_jobs("default", settings.DJANGO_JOBS["clear_finished_jobs_after"]) == 2
+    kept = {name for name, job in jobs.items() if Job.objects.filter(pk=job.pk).exists()}
+    assert kept == {"succeeded 30m", "failed 6d", "discarded 400d"}
+    finished(JobStatus.SUCCEEDED, ago(timedelta(hours=3)))
+    assert "Deleted 1 job(s): succeeded 1 finished before" in prune()
 
 
 @pytest.mark.parametrize(
@@ -303,3 +355,93 @@ def test_a_job_row_someone_holds_is_skipped_not_waited_for():
     assert not Job.objects.filter(pk__in=[job.pk for job in others]).exists()
     assert prune_finished_jobs("default", ago(7 * DAY)).total_jobs == 1
     assert not Job.objects.exists()
+
+
+def retry_during_a_prune_round(monkeypatch, round_with_hook) -> Job:
+    """An operator's retry of an old failed job holds its row, uncommitted, while a prune
+    round reads the jobs; it commits only once the round has read them. Returns the job.
+
+    No database constraint ties a ready row to its job (``Job``'s docstring): what keeps
+    the retried job is the prune taking the row under its lock and reading the status
+    there. ``round_with_hook(read_done, ...)`` is the round under test, calling
+    ``read_done.set()`` once it has read the jobs it will delete.
+    """
+    old = ago(8 * DAY)
+    retried_job = finished(JobStatus.FAILED, old, failures=1)
+    other = finished(JobStatus.FAILED, old, failures=1)
+    retried = threading.Event()
+    read_done = threading.Event()
+
+    def retry() -> None:
+        try:
+            with transaction.atomic():
+                assert retry_failed_job("default", retried_job.pk)
+                retried.set()
+                assert read_done.wait(10), "the prune never read the jobs"
+        finally:
+            connection.close()
+
+    def hooked(db, status, *args):
+        if status != JobStatus.FAILED:  # the retried job's round only
+            return prune_round(db, status, *args)
+        return round_with_hook(read_done, db, status, *args)
+
+    monkeypatch.setattr("django_jobs.core.maintenance.prune_round", hooked)
+    retrier = threading.Thread(target=retry)
+    retrier.start()
+    try:
+        assert retried.wait(10)
+        counts = other_connection(lambda: prune_finished_jobs("default", ago(7 * DAY)))
+    finally:
+        read_done.set()
+        retrier.join(30)
+    assert not Job.objects.filter(pk=other.pk).exists()
+    assert counts.jobs[JobStatus.FAILED] >= 1
+    return retried_job
+
+
+def ours_then_hook(read_done, *args):
+    """Ours: one round, reading and deleting under its locks; the hook after it."""
+    try:
+        return prune_round(*args)
+    finally:
+        read_done.set()
+
+
+def unguarded_round(read_done, db, status, cutoff, after, batch_size):
+    """The unprotected twin: the ids read without a lock, deleted by id alone."""
+    from django_jobs.db import ops
+    from django_jobs.db.rows import PrunedRound
+
+    ids = list(
+        Job.objects.using(db)
+        .filter(status=status, finished_at__lt=cutoff)
+        .values_list("pk", flat=True)[:batch_size]
+    )
+    read_done.set()
+    with transaction.atomic(using=db):
+        failures = ops(db).delete_executions(db, FailedExecution, ids)
+        deleted = ops(db).delete_by_pk(db, Job, ids)
+    return PrunedRound(deleted, failures, None)
+
+
+def needs_row_locks():
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no row locks: a retry and a prune are serialised as a whole")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_in_flight_during_the_prune_keeps_its_job(monkeypatch):
+    needs_row_locks()
+    job = retry_during_a_prune_round(monkeypatch, ours_then_hook)
+    assert Job.objects.get(pk=job.pk).status == JobStatus.READY
+    assert ReadyExecution.objects.filter(job_id=job.pk).exists()
+    assert FailedExecution.objects.filter(job_id=job.pk).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unprotected_prune_deletes_a_job_retried_in_flight_leaving_its_ready_row(monkeypatch):
+    needs_row_locks()
+    job = retry_during_a_prune_round(monkeypatch, unguarded_round)
+    assert not Job.objects.filter(pk=job.pk).exists()
+    assert ReadyExecution.objects.filter(job_id=job.pk).exists()  # an orphan a worker would claim

@@ -8,17 +8,19 @@ dispatcher calls it (through :func:`clear_finished_jobs`, with
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db import models, transaction
+from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from django_jobs.core.admission import reconcile_key
-from django_jobs.db import ops
+from django_jobs.db import features, ops
+from django_jobs.db.rows import PrunedRound
 from django_jobs.models import (
     FINISHED_STATUSES,
     Batch,
@@ -30,9 +32,6 @@ from django_jobs.models import (
     Workflow,
 )
 
-# Jobs per transaction when pruning: each transaction locks at most this many rows of the
-# jobs table (and their failure rows), for a few milliseconds.
-PRUNE_BATCH_SIZE = 1000
 # Ids per DELETE statement (below SQLite's 999 parameters of old builds).
 DELETE_CHUNK = 500
 
@@ -116,53 +115,86 @@ class PruneCounts:
 
 def prune_finished_jobs(
     db: str,
-    cutoff: datetime,
+    cutoff: datetime | Mapping[str, datetime],
     *,
     statuses: Iterable[str] = FINISHED_STATUSES,
-    batch_size: int = PRUNE_BATCH_SIZE,
+    batch_size: int | None = None,
     batches: bool = True,
     dry_run: bool = False,
     on_batch: Callable[[PruneCounts], None] | None = None,
     max_rounds: int | None = None,
+    rest: float = 0.0,
 ) -> PruneCounts:
-    """Delete jobs of ``statuses`` (finished ones only) that finished before ``cutoff``.
+    """Delete jobs of ``statuses`` (finished ones only) that finished before ``cutoff``:
+    one time for all, or one per status (a status the mapping leaves out is kept).
 
     With them go their failure rows (one per failed attempt) and, if ``batches``,
-    the batches completed before ``cutoff`` whose callbacks have ended.
+    the batches completed before the earliest cutoff whose callbacks have ended.
 
-    Each round is one short transaction: it locks up to ``batch_size`` such jobs
-    (``SKIP LOCKED``: a job an operator is retrying right now is left for the next
-    prune, and the prune never waits for it), deletes their failure rows, then the
-    jobs. The status is read under that lock, so a job retried a moment earlier
-    (ready again) is never deleted. A finished job has no ready, scheduled,
-    blocked or claimed row, so the hot execution tables are not touched at all.
-    ``on_batch`` is called after each commit with the running totals.
-    ``max_rounds`` caps the job transactions of this call (None: until none are
-    left), for a caller with other work to get back to; the rest waits for the
+    Each round is one short transaction: it locks up to ``batch_size`` jobs (by
+    default the database's ``prune_batch_size``: 5,000 on PostgreSQL, where a round is
+    one statement, 1,000 elsewhere) of one status, oldest first (``SKIP LOCKED``: a
+    job an operator is retrying right now is left for the next prune, and the prune
+    never waits for it), and deletes them
+    with their failure rows and edges. The status is read under that lock, so a job
+    retried a moment earlier (ready again) is never deleted. A finished job has no
+    ready, scheduled, blocked or claimed row, so the hot execution tables are not
+    touched at all. ``on_batch`` is called after each commit with the running
+    totals. ``max_rounds`` caps the transactions that delete jobs in this call (None:
+    until none are left), for a caller with other work to get back to; the rest waits for the
     next call, and batches are then left for a call that finishes the jobs.
+
+    ``rest`` is how long to sleep after each round per second the round took: 0
+    runs flat out; 2 leaves the database to the workers two thirds of the time, for
+    a prune of a large backlog beside busy workers (docs/housekeeping.md).
 
     ``dry_run`` counts what would go and deletes nothing.
     """
-    statuses = sorted(set(statuses))
-    unknown = set(statuses) - set(FINISHED_STATUSES)
-    if unknown:
-        raise ValueError(f"only finished jobs can be pruned, not {sorted(unknown)}")
+    cutoffs = cutoffs_by_status(cutoff, statuses)
+    batch_size = batch_size or features(db).prune_batch_size
     counts = PruneCounts()
     if dry_run:
-        return count_prunable(db, cutoff, statuses, batches=batches)
+        return count_prunable(db, cutoffs, batches=batches)
     rounds = 0
-    while ids := prune_round(db, cutoff, statuses, batch_size, counts):
-        rounds += 1
-        if on_batch is not None:
-            on_batch(counts)
-        if len(ids) < batch_size:
-            break
-        if max_rounds is not None and rounds >= max_rounds:
-            return counts
-    if batches:
-        prune_batches(db, cutoff, batch_size, counts, on_batch)
-        prune_workflows(db, cutoff, batch_size, counts)
+    for status, status_cutoff in cutoffs.items():
+        after: datetime | None = None
+        while True:
+            began = time.monotonic()
+            pruned = prune_round(db, status, status_cutoff, after, batch_size)
+            if not pruned.jobs:
+                break
+            rounds += 1
+            counts.jobs[status] += pruned.jobs
+            counts.failures += pruned.failures
+            if on_batch is not None:
+                on_batch(counts)
+            if max_rounds is not None and rounds >= max_rounds:
+                return counts
+            if pruned.jobs < batch_size:
+                break
+            after = pruned.last_finished_at
+            if rest > 0:
+                time.sleep((time.monotonic() - began) * rest)
+    if batches and cutoffs:
+        earliest = min(cutoffs.values())
+        prune_batches(db, earliest, batch_size, counts, on_batch)
+        prune_workflows(db, earliest, batch_size, counts)
     return counts
+
+
+def cutoffs_by_status(
+    cutoff: datetime | Mapping[str, datetime], statuses: Iterable[str]
+) -> dict[str, datetime]:
+    """``{status: cutoff}`` for each of ``statuses`` that has one; an unknown or
+    unfinished status raises ValueError (nothing is deleted)."""
+    wanted = sorted(set(statuses))
+    named = set(wanted) | (set(cutoff) if isinstance(cutoff, Mapping) else set())
+    unknown = named - set(FINISHED_STATUSES)
+    if unknown:
+        raise ValueError(f"only finished jobs can be pruned, not {sorted(unknown)}")
+    if isinstance(cutoff, Mapping):
+        return {status: cutoff[status] for status in wanted if status in cutoff}
+    return dict.fromkeys(wanted, cutoff)
 
 
 def prune_workflows(db: str, cutoff: datetime, batch_size: int, counts: PruneCounts) -> None:
@@ -189,26 +221,30 @@ def prune_workflows(db: str, cutoff: datetime, batch_size: int, counts: PruneCou
 
 
 def prune_round(
-    db: str, cutoff: datetime, statuses: list[str], batch_size: int, counts: PruneCounts
-) -> list[int]:
-    """One transaction: lock, then delete, up to ``batch_size`` prunable jobs."""
+    db: str, status: str, cutoff: datetime, after: datetime | None, batch_size: int
+) -> PrunedRound:
+    """One transaction: lock, then delete, up to ``batch_size`` prunable jobs of ``status``
+    finished before ``cutoff`` (and at or after ``after``), oldest first."""
     with transaction.atomic(using=db):
+        if features(db).can_prune_in_one_statement:
+            return ops(db).prune_round(db, status, cutoff, after, batch_size)
+        prunable = Job.objects.using(db).filter(status=status, finished_at__lt=cutoff)
+        if after is not None:
+            prunable = prunable.filter(finished_at__gte=after)
         rows = list(
-            Job.objects.using(db)
-            .select_for_update(skip_locked=True)
-            .filter(status__in=statuses, finished_at__lt=cutoff)
-            .values_list("pk", "status")[:batch_size]
+            prunable.select_for_update(skip_locked=True)
+            .order_by("finished_at")
+            .values_list("pk", "finished_at")[:batch_size]
         )
         ids = [pk for pk, _ in rows]
         if not ids:
-            return []
-        counts.failures += ops(db).delete_executions(db, FailedExecution, ids)
+            return PrunedRound(0, 0, None)
+        failures = ops(db).delete_executions(db, FailedExecution, ids)
         # What a pruned job waited for. An edge to it from a job still kept stays: that
         # job's dependency_results() keeps its positions (docs/workflows.md).
         JobDependency.objects.using(db).filter(job_id__in=ids).delete()
         ops(db).delete_by_pk(db, Job, ids)
-    counts.jobs.update(status for _, status in rows)
-    return ids
+    return PrunedRound(len(ids), failures, max(finished for _, finished in rows))
 
 
 def prune_batches(
@@ -262,41 +298,61 @@ def busy_batches(db: str, rows: list[tuple[int, dict]]) -> set[int]:
     return {callbacks[job_id] for job_id in running}
 
 
-def count_prunable(db: str, cutoff: datetime, statuses: list[str], *, batches: bool) -> PruneCounts:
+def count_prunable(db: str, cutoffs: Mapping[str, datetime], *, batches: bool) -> PruneCounts:
     """What :func:`prune_finished_jobs` would delete now, counted, not deleted."""
-    jobs = Job.objects.using(db).filter(status__in=statuses, finished_at__lt=cutoff)
     counts = PruneCounts()
-    for status, n in (
-        jobs.values_list("status").annotate(n=models.Count("pk")).values_list("status", "n")
-    ):
-        counts.jobs[status] = n
-    counts.failures = (
-        FailedExecution.objects.using(db)
-        .filter(job__status__in=statuses, job__finished_at__lt=cutoff)
-        .count()
-    )
-    if batches:
+    for status, cutoff in cutoffs.items():
+        jobs = Job.objects.using(db).filter(status=status, finished_at__lt=cutoff)
+        counts.jobs[status] = jobs.count()
+        counts.failures += (
+            FailedExecution.objects.using(db)
+            .filter(job__status=status, job__finished_at__lt=cutoff)
+            .count()
+        )
+    if batches and cutoffs:
         rows = list(
             Batch.objects.using(db)
-            .filter(finished_at__lt=cutoff)
+            .filter(finished_at__lt=min(cutoffs.values()))
             .values_list("pk", "callback_jobs")
         )
         counts.batches = len(rows) - len(busy_batches(db, rows))
     return counts
 
 
-def clear_finished_jobs(
-    db: str, older_than: float, batch_size: int = 500, max_rounds: int | None = 20
-) -> int:
-    """The dispatcher's prune: finished jobs older than ``older_than`` seconds.
+# What ``clear_finished_jobs_after`` keeps a finished job for: seconds for every status,
+# or a dict of status -> seconds (None: forever) where a status left out keeps the default.
+Retention = float | Mapping[str, float | None]
+DEFAULT_RETENTION = 86400.0 * 7
 
-    At most ``max_rounds`` transactions of ``batch_size`` jobs per call (10,000 by
-    default): a first prune of a large backlog must not stall the dispatcher's
-    other work (promoting due jobs, recovering dead workers) for minutes; the rest
+
+def retention_cutoffs(retention: Retention, now: datetime) -> dict[str, datetime]:
+    """``{status: cutoff}``: a job of that status finished before its cutoff may go.
+
+    A status whose retention is None is absent (kept forever)."""
+    if not isinstance(retention, Mapping):
+        return dict.fromkeys(FINISHED_STATUSES, now - timedelta(seconds=retention))
+    cutoffs = {}
+    for status in FINISHED_STATUSES:
+        seconds = retention.get(status, DEFAULT_RETENTION)
+        if seconds is not None:
+            cutoffs[status] = now - timedelta(seconds=seconds)
+    return cutoffs
+
+
+def clear_finished_jobs(
+    db: str, older_than: Retention, batch_size: int | None = None, max_rounds: int | None = 20
+) -> int:
+    """The dispatcher's prune: finished jobs older than ``older_than`` seconds (for every
+    status, or per status: see :data:`Retention`).
+
+    At most ``max_rounds`` transactions of ``batch_size`` jobs per call (100,000 on
+    PostgreSQL by default, 20,000 elsewhere): a first prune of a large backlog must not
+    stall the dispatcher's other work (promoting due jobs, recovering dead workers) for
+    minutes; the rest
     goes in the next maintenance rounds. Returns how many jobs were deleted.
     """
-    cutoff = timezone.now() - timedelta(seconds=older_than)
-    return prune_finished_jobs(db, cutoff, batch_size=batch_size, max_rounds=max_rounds).total_jobs
+    cutoffs = retention_cutoffs(older_than, timezone.now())
+    return prune_finished_jobs(db, cutoffs, batch_size=batch_size, max_rounds=max_rounds).total_jobs
 
 
 def clear_finished_batches(db: str, cutoff: datetime, batch_size: int = 500) -> int:

@@ -21,7 +21,7 @@ from django.db import connections, models
 from django.db.models import QuerySet
 
 from django_jobs.db.columns import column, pk_column  # also base.column, as before
-from django_jobs.db.rows import HeldClaim, Started, StartRow
+from django_jobs.db.rows import HeldClaim, PrunedRound, Started, StartRow
 from django_jobs.limits import later
 
 if TYPE_CHECKING:
@@ -71,6 +71,12 @@ class Features:
     max_json_depth = JSON_MAX_DEPTH
     # A NUL character (``\\u0000``) in a JSON document or text column is refused.
     refuses_nul_in_text = False
+    # A round of the prune (jobs, failure rows, edges) is one statement
+    # (``Operations.prune_round``; core.maintenance has the portable round).
+    can_prune_in_one_statement = False
+    # Jobs per transaction of the prune by default: each locks that many job rows (and on
+    # SQLite the whole database) for the transaction's length.
+    prune_batch_size = 1000
 
 
 class Operations:
@@ -543,6 +549,14 @@ class Operations:
         """``features.can_finish_in_one_statement``: finish jobs without a batch, those
         of a workflow included, inside the caller's transaction; ``{id: (concurrency key,
         workflow)}`` of those finished, the workflow read under the row's lock."""
+        raise NotImplementedError
+
+    def prune_round(
+        self, db: str, status: str, cutoff: datetime, after: datetime | None, batch_size: int
+    ) -> PrunedRound:
+        """``features.can_prune_in_one_statement``: delete up to ``batch_size`` jobs of
+        ``status`` finished before ``cutoff`` (from ``after`` on), oldest first, with their
+        failure rows and edges, skipping rows others hold."""
         raise NotImplementedError
 
     def settle_succeeded(self, db: str, parent_ids: list[int]) -> list[tuple[int, int]]:

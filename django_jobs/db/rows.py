@@ -39,3 +39,12 @@ class HeldClaim(NamedTuple):
     batch_id: int | None
     # The job's workflow, read under its row's lock: a job of one may have dependents.
     workflow_id: int | None = None
+
+
+class PrunedRound(NamedTuple):
+    """One round of the prune: jobs and failure rows deleted, and the latest finish time
+    among those jobs (where the next round of the same status starts; None: none went)."""
+
+    jobs: int
+    failures: int
+    last_finished_at: datetime | None

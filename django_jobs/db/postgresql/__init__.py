@@ -16,8 +16,15 @@ from django.db.models.functions import Collate
 
 from django_jobs.db import base
 from django_jobs.db.base import RowT
-from django_jobs.db.postgresql import admission, claims, dependencies, insert, rate_limits
-from django_jobs.db.rows import Started, StartRow
+from django_jobs.db.postgresql import (
+    admission,
+    claims,
+    dependencies,
+    insert,
+    pruning,
+    rate_limits,
+)
+from django_jobs.db.rows import PrunedRound, Started, StartRow
 
 if TYPE_CHECKING:
     from django.db.models import Q
@@ -39,6 +46,10 @@ class Features(base.Features):
     has_listen_notify = True
     # jsonb refuses \u0000, and text columns refuse NUL.
     refuses_nul_in_text = True
+    can_prune_in_one_statement = True
+    # One statement per round, locking only the rows it deletes: fewer commits (each a WAL
+    # flush) for the same work, 58k against 46k jobs/s at 1,000 (bench/history.py).
+    prune_batch_size = 5000
 
     @cached_property
     def can_listen(self) -> bool:  # type: ignore[override]
@@ -106,6 +117,11 @@ class Operations(base.Operations):
 
     def settle_succeeded(self, db: str, parent_ids: list[int]) -> list[tuple[int, int]]:
         return dependencies.settle_succeeded(db, parent_ids)
+
+    def prune_round(
+        self, db: str, status: str, cutoff: datetime, after: datetime | None, batch_size: int
+    ) -> PrunedRound:
+        return pruning.prune_round(db, status, cutoff, after, batch_size)
 
     def insert_ready_jobs(self, db: str, jobs: Sequence[Job]) -> None:
         insert.insert_ready_jobs(db, jobs)
