@@ -65,8 +65,10 @@ def otel_sdk() -> bool:
 
 
 def test_the_procedure_takes_every_job_column_in_order():
-    """A migration that adds a job column must replace the procedure: until then this
-    fails (and a job setting the column takes the statements' path)."""
+    """A migration that adds a job column must create the procedure again
+    (``db/enqueue_procedure.follow_job_columns``): until then this fails, as
+    tests/test_enqueue_procedure.py does on every database (and a job setting the column
+    takes the statements' path)."""
     columns = [field.column for field in Job._meta.concrete_fields if not field.primary_key]
     first, *rest = procedure_parameters()
     assert first == "own_transaction"

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import connections, models
 from django.db.models import QuerySet
 
+from django_jobs.db.columns import column, pk_column  # also base.column, as before
 from django_jobs.db.rows import HeldClaim, PrunedRound, Started, StartRow
 from django_jobs.limits import later
 
@@ -616,19 +617,6 @@ def case_by_id(target: str, values: Sequence[tuple[int, Any]]) -> tuple[str, lis
     reaches but ``values`` does not name gets NULL."""
     sql = f"{target} = CASE id" + " WHEN %s THEN %s" * len(values) + " END"
     return sql, [param for pair in values for param in pair]
-
-
-def pk_column(model: type[models.Model]) -> str:
-    """The primary key's column of one of our tables (every one has one)."""
-    pk = model._meta.pk
-    assert pk is not None
-    return column(pk)
-
-
-def column(field: models.Field) -> str:
-    """A concrete field's column (only a field with no column of its own has None)."""
-    assert field.column is not None
-    return field.column
 
 
 def lease_end(job: Job, now: datetime) -> datetime | None:

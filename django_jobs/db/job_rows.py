@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connections
 from django.db.models import Field, Model
 
-from django_jobs.db.base import column
+from django_jobs.db.columns import column
 from django_jobs.models import Job
 
 

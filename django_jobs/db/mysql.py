@@ -13,16 +13,17 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, Error, connections, models
 from django.db.models import QuerySet
 
-from django_jobs.db import base
+from django_jobs.db import base, enqueue_procedure
 from django_jobs.db.base import RowT, column
 from django_jobs.db.job_rows import job_from_row, model_from_row
 
 if TYPE_CHECKING:
     from django_jobs.models import Job
 
-# Migration 0013's procedure: one ready job and its ready row in one round trip.
-ENQUEUE_PROCEDURE = "django_jobs_enqueue_ready"
-ENQUEUE_SAVEPOINT = "django_jobs_enqueue"
+# Migration 0013's procedure: one ready job and its ready row in one round trip; its SQL,
+# and what keeps it following the job's columns, in db/enqueue_procedure.py.
+ENQUEUE_PROCEDURE = enqueue_procedure.PROCEDURE
+ENQUEUE_SAVEPOINT = enqueue_procedure.SAVEPOINT
 # Migration 0014's procedure: a worker's claim (and start) in one round trip.
 CLAIM_PROCEDURE = "django_jobs_claim_ready"
 CLAIM_SAVEPOINT = "django_jobs_claim"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import (
     TYPE_CHECKING,
@@ -332,6 +332,29 @@ class JobTask[**P, R](TaskBase[P, R]):
 OPTION_FIELDS = [f for f in fields(JobTask) if f.name not in {t.name for t in fields(Task)}]
 JOB_OPTION_NAMES = tuple(f.name for f in OPTION_FIELDS)
 JOB_OPTION_DEFAULTS: dict[str, Any] = {f.name: f.default for f in OPTION_FIELDS}
+
+
+def check_option_defaults(defaults: Mapping[str, Any]) -> None:
+    """Each option's default is one immutable, hashable value, or this fails at import.
+
+    A ``JobTask`` is frozen and hashable, as Django's ``Task`` is, and a plain ``Task``
+    takes these defaults: an option declared with a ``default_factory`` (a list, a dict)
+    gave a plain task ``MISSING`` and made every ``JobTask`` unhashable, and every test
+    still passed. A collection is a tuple, default ``()``, as ``after`` is.
+    """
+    for name, default in defaults.items():
+        try:
+            hashable = default is not MISSING and hash(default) is not None
+        except TypeError:
+            hashable = False
+        if not hashable:
+            raise TypeError(
+                f"JobTask.{name}: an option's default must be one immutable, hashable value "
+                "(a collection is a tuple, default ()), not a default_factory"
+            )
+
+
+check_option_defaults(JOB_OPTION_DEFAULTS)
 
 
 @functools.lru_cache(maxsize=1024)

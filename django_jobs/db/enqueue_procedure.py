@@ -1,0 +1,142 @@
+"""MySQL/MariaDB's enqueue procedure (migration 0013): which job columns it takes, its SQL, and
+the operations that keep it following the job table when a migration changes that table.
+
+``CALL django_jobs_enqueue_ready(...)`` writes a ready job and its ready row in one round trip
+(``db/mysql.py``, ``enqueue_ready``). Its parameters are the job's columns, every concrete
+column but the primary key (:func:`procedure_columns`), each typed as the table declares it at
+the moment the procedure is created. A procedure is not altered by ``ALTER TABLE``: after a
+migration adds a job column, the procedure still takes the old ones, and ``db/mysql.py`` sends
+every job that sets the new column (a non-NULL default: every job) through the statements' path,
+four round trips instead of one, silently. And only MariaDB would notice.
+
+So a migration that adds, removes or renames a job column wraps those operations in
+:func:`follow_job_columns`, which creates the procedure again after them, forwards and
+backwards. ``tests/test_enqueue_procedure.py`` walks the migrations on any database and fails,
+naming the migration and the fix, where the columns the procedure was last created with are
+not the model's; it also fails where the ready table gains a column the procedure's second
+INSERT does not write (:data:`READY_COLUMNS`).
+
+The SQL here serves every table state since migration 0013 (it reads the job's columns from
+the table being migrated): a change to what it writes is a new procedure in a new migration,
+not an edit that would change what replaying 0013 creates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import DatabaseError, migrations
+from django.db.migrations.operations.base import Operation
+
+PROCEDURE = "django_jobs_enqueue_ready"
+SAVEPOINT = "django_jobs_enqueue"
+# The server's refusals for want of a privilege (access denied to the database, command
+# denied, privilege needed, SUPER needed with binary logging): the migration goes on.
+NOT_ALLOWED = (1044, 1142, 1227, 1419)
+# The ready row's columns, as the procedure's second INSERT writes them.
+READY_COLUMNS = ("job_id", "queue_name", "priority", "concurrency_key", "created_at")
+
+
+def procedure_columns(fields: Iterable[Any]) -> frozenset[str]:
+    """The columns of ``fields`` (a job model's concrete fields, historical or current) that
+    the procedure takes: every concrete column but the primary key."""
+    return frozenset(
+        field.column
+        for field in fields
+        if getattr(field, "concrete", False) and not field.primary_key
+    )
+
+
+def columns(apps, schema_editor) -> list[tuple[str, str, str | None]]:
+    """(name, type, character set) of each column the procedure takes, in table order, as
+    the table declares it (information_schema): a value reaches its column exactly as the
+    ORM's INSERT would send it."""
+    job = apps.get_model("django_jobs", "Job")
+    taken = procedure_columns(job._meta.concrete_fields)
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT column_name, column_type, character_set_name "
+            "FROM information_schema.columns "
+            "WHERE table_schema = DATABASE() AND table_name = %s "
+            "ORDER BY ordinal_position",
+            [job._meta.db_table],
+        )
+        return [row for row in cursor.fetchall() if row[0] in taken]
+
+
+def procedure_sql(apps, schema_editor) -> str:
+    quote = schema_editor.quote_name
+    job = quote(apps.get_model("django_jobs", "Job")._meta.db_table)
+    ready = quote(apps.get_model("django_jobs", "ReadyExecution")._meta.db_table)
+    found = columns(apps, schema_editor)
+    params = ",\n  ".join(
+        f"IN p_{name} {kind}" + (f" CHARACTER SET {charset}" if charset else "")
+        for name, kind, charset in found
+    )
+    names = ", ".join(quote(name) for name, _, _ in found)
+    values = ", ".join(f"p_{name}" for name, _, _ in found)
+    ready_names = ", ".join(READY_COLUMNS)
+    return f"""
+CREATE PROCEDURE {PROCEDURE}(
+  IN own_transaction BOOLEAN,
+  {params}
+)
+BEGIN
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION
+  BEGIN
+    IF own_transaction THEN ROLLBACK; ELSE ROLLBACK TO SAVEPOINT {SAVEPOINT}; END IF;
+    RESIGNAL;
+  END;
+  IF own_transaction THEN START TRANSACTION; ELSE SAVEPOINT {SAVEPOINT}; END IF;
+  INSERT INTO {job} ({names}) VALUES ({values});
+  INSERT INTO {ready} ({ready_names})
+    VALUES (LAST_INSERT_ID(), p_queue_name, p_priority, NULL, p_enqueued_at);
+  IF own_transaction THEN COMMIT; ELSE RELEASE SAVEPOINT {SAVEPOINT}; END IF;
+  SELECT LAST_INSERT_ID();
+END
+"""
+
+
+def create_procedure(apps, schema_editor) -> None:
+    """The procedure (again), for the job table as it stands; MySQL/MariaDB only."""
+    if schema_editor.connection.vendor != "mysql":
+        return
+    try:
+        schema_editor.execute(f"DROP PROCEDURE IF EXISTS {PROCEDURE}")
+        schema_editor.execute(procedure_sql(apps, schema_editor))
+    except DatabaseError as exc:
+        if not exc.args or exc.args[0] not in NOT_ALLOWED:
+            raise
+        # The enqueue works without it, in four round trips instead of one.
+        logging.getLogger("django_jobs").warning(
+            "migration 0013: the database user may not create the procedure %s (%s); "
+            "single enqueues take four round trips instead of one (docs/deployment.md)",
+            PROCEDURE,
+            exc,
+        )
+
+
+def drop_procedure(apps, schema_editor) -> None:
+    if schema_editor.connection.vendor != "mysql":
+        return
+    schema_editor.execute(f"DROP PROCEDURE IF EXISTS {PROCEDURE}")
+
+
+def follow_job_columns(*operations: Operation) -> list[Operation]:
+    """``operations``, a migration's changes to the job table's columns, with the procedure
+    created again after them both ways: after they are applied, and after they are
+    unapplied (the first operation, run last backwards). Use it as the migration's
+    ``operations = follow_job_columns(migrations.AddField(...), ...)``. The procedure's
+    DDL commits by itself on MySQL: its two steps run outside the migration's transaction
+    (``atomic=False``), as Django requires there."""
+    return [
+        migrations.RunPython(
+            migrations.RunPython.noop, create_procedure, atomic=False, elidable=False
+        ),
+        *operations,
+        migrations.RunPython(
+            create_procedure, migrations.RunPython.noop, atomic=False, elidable=False
+        ),
+    ]
