@@ -244,7 +244,8 @@ def prune_round(
         # job's dependency_results() keeps its positions (docs/workflows.md).
         JobDependency.objects.using(db).filter(job_id__in=ids).delete()
         ops(db).delete_by_pk(db, Job, ids)
-    return PrunedRound(len(ids), failures, max(finished for _, finished in rows))
+    # A finished job's finished_at is set (the filter above read it below the cutoff).
+    return PrunedRound(len(ids), failures, max(finished for _, finished in rows if finished))
 
 
 def prune_batches(
@@ -330,8 +331,8 @@ def retention_cutoffs(retention: Retention, now: datetime) -> dict[str, datetime
 
     A status whose retention is None is absent (kept forever)."""
     if not isinstance(retention, Mapping):
-        return dict.fromkeys(FINISHED_STATUSES, now - timedelta(seconds=retention))
-    cutoffs = {}
+        return {status: now - timedelta(seconds=retention) for status in FINISHED_STATUSES}
+    cutoffs: dict[str, datetime] = {}
     for status in FINISHED_STATUSES:
         seconds = retention.get(status, DEFAULT_RETENTION)
         if seconds is not None:

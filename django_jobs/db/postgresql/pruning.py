@@ -30,7 +30,12 @@ def prune_round(
 ) -> PrunedRound:
     """Delete up to ``batch_size`` jobs of ``status`` finished before ``cutoff`` (and at or
     after ``after``), with their failure rows and the edges they waited on."""
-    params = {"status": status, "cutoff": cutoff, "after": after, "limit": batch_size}
+    params: dict[str, str | datetime | int | None] = {
+        "status": status,
+        "cutoff": cutoff,
+        "after": after,
+        "limit": batch_size,
+    }
     with connections[db].cursor() as cursor:
         cursor.execute(statement(db), params)
         jobs, failures, last = cursor.fetchone()
