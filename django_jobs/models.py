@@ -13,7 +13,7 @@ from django.db import models
 from django.tasks import TaskResultStatus
 from django.utils import timezone
 
-from django_jobs.db.indexes import NotNullIndex, NotNullUniqueConstraint
+from django_jobs.db.indexes import NotNullIndex, NotNullUniqueConstraint, PostgresIndex
 from django_jobs.db.lookups import exact_prefixes
 
 
@@ -227,6 +227,17 @@ class Job(models.Model):
             NotNullIndex(fields=["unique_key"], name="jobs_job_unique_keyed"),
             NotNullIndex(fields=["workflow", "status"], name="jobs_job_workflow_nodes"),
             NotNullIndex(fields=["batch"], name="jobs_job_batch"),
+            # The admin's search (django_jobs/admin/search.py), PostgreSQL only: a task path
+            # prefix (LIKE 'prefix%' in any collation; jobs_job_task_path serves it on
+            # the others), and the arguments' values (GIN, jsonb_ops: ``@>`` and a
+            # jsonpath ``@?`` with a wildcard key). Built by migration 0019, concurrently.
+            PostgresIndex(
+                fields=["task_path"],
+                name="jobs_job_task_prefix",
+                opclasses=["varchar_pattern_ops"],
+            ),
+            PostgresIndex(fields=["kwargs"], name="jobs_job_kwargs_gin", method="gin"),
+            PostgresIndex(fields=["args"], name="jobs_job_args_gin", method="gin"),
         ]
         constraints = [
             # A constraint, not ``unique=True``: on PostgreSQL that adds a LIKE index too.
