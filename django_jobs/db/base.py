@@ -624,7 +624,8 @@ class Operations:
         condition = Q(pk__in=[])
         for value in values:
             if value is not None:
-                condition |= Q(KeyTransformExact(KeyTransform(name, "kwargs"), value))
+                # The value as JSON text: a lookup built here is not prepared by the field.
+                condition |= Q(KeyTransformExact(KeyTransform(name, "kwargs"), json.dumps(value)))
         return condition
 
     def statement_timeout(self, db: str, seconds: float) -> AbstractContextManager[None]:
