@@ -434,8 +434,10 @@ def session_statement_timeout(db: str, seconds: float) -> Iterator[None]:
     """The session's limit set for the block and put back after it: MariaDB's
     ``max_statement_time`` (seconds, every statement), MySQL's ``max_execution_time``
     (milliseconds, SELECTs only)."""
-    connection = connections[db]
+    connection: Any = connections[db]  # Django's MySQL wrapper: mysql_is_mariadb
     connection.ensure_connection()
+    variable: str
+    value: float
     if connection.mysql_is_mariadb:
         variable, value = "max_statement_time", seconds
     else:
