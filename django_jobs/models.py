@@ -218,6 +218,12 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["status", "finished_at"], name="jobs_job_status_finished"),
             models.Index(fields=["queue_name", "status"], name="jobs_job_queue_status"),
+            # The job list filtered by state, newest first (``status = %s ORDER BY id DESC
+            # LIMIT 50``): one ordered range, bounded by the page, for a rare state and a
+            # common one alike; by the primary key a rare one read every job, by
+            # (status, finished_at) a common one sorted all of its jobs (SQLite: 5.9 s
+            # for the failed jobs of a million). Migration 0019.
+            models.Index(fields=["status", "-id"], name="jobs_job_status_newest"),
             # Declared here, not with ``db_index=True``: on PostgreSQL that adds a second
             # index per column (``varchar_pattern_ops``, for LIKE), which no query of ours
             # uses and every enqueue wrote.

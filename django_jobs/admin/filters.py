@@ -32,13 +32,13 @@ MAX_CHOICES = 100
 
 
 def recent_values(field: str) -> set[str]:
+    """The values of ``field`` among the newest ``RECENT`` jobs: their rows read by the
+    primary key backwards (a LIMIT, one range), the distinct values taken here. A
+    ``DISTINCT ... WHERE id >= ...`` let a planner walk a whole index of ``field`` instead
+    (SQLite: 0.7 s per filter at a million jobs)."""
     db = JobsSettings.load().database
-    latest = Job.objects.using(db).order_by("-pk").values_list("pk", flat=True)[RECENT - 1 : RECENT]
-    recent = Job.objects.using(db)
-    if latest:
-        recent = recent.filter(pk__gte=latest[0])
-    values = recent.exclude(**{f"{field}__isnull": True}).values_list(field, flat=True)
-    return set(values.distinct())
+    newest = Job.objects.using(db).order_by("-pk").values_list(field, flat=True)[:RECENT]
+    return {value for value in newest if value is not None}
 
 
 class BoundedChoicesFilter(admin.SimpleListFilter):
