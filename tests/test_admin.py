@@ -164,7 +164,10 @@ def test_job_list_filters_and_search(admin_client):
     assert listed("?concurrency_key=acct:7") == {keyed.pk}
     assert listed(f"?q={keyed.pk}") == {keyed.pk}
     assert listed(f"?q=%23{keyed.pk}") == {keyed.pk}
-    assert listed("?q=needle-in") == {failed.pk, old_failed.pk}
+    assert listed("?q=text:needle-in") == {failed.pk, old_failed.pk}
+    assert listed("?q=task:tests.tasks.ec") == {report.pk}
+    assert listed("?q=queue:reports") == {report.pk}
+    assert listed("?q=key:acct:7") == {keyed.pk}
     # The filter sidebar offers the values it found, without a DISTINCT over all jobs.
     body = admin_client.get(page("job")).content.decode()
     assert "?queue_name=reports" in body and "?concurrency_key=acct%3A7" in body
@@ -583,10 +586,10 @@ def test_the_pages_that_refresh_themselves_load_one_static_script(admin_client):
         assert 'id="jobs-refresh" data-seconds="10"' in html, name
         assert re.search(r'<span class="jobs-refresh" id="jobs-refresh"[^>]* hidden>', html), name
         assert 'django_jobs/refresh.js" defer></script>' in html, name  # no csp processor
-    # A search in the arguments reads every job: never on a timer.
-    html = admin_client.get(page("job") + "?q=needle").content.decode()
+    # A scan of the newest jobs' arguments: never on a timer.
+    html = admin_client.get(page("job") + "?q=text:needle").content.decode()
     assert "django_jobs/refresh.js" not in html
-    assert "Not refreshed by itself while searching the arguments" in html
+    assert "Not refreshed by itself while it shows a scan of the arguments" in html
     assert "django_jobs/refresh.js" in admin_client.get(page("job") + "?q=12").content.decode()
     for name in ("recurringtask", "process"):
         assert "django_jobs/refresh.js" not in admin_client.get(page(name)).content.decode()

@@ -3,16 +3,18 @@ dates, the auto-refresh, and what a request may bring (ids, filters, no NUL)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import django
 from django.contrib import admin
 from django.core.exceptions import BadRequest, PermissionDenied
-from django.http import Http404, HttpRequest, QueryDict
-from django.template.response import TemplateResponse
-from django.urls import path, register_converter, reverse
+from django.db import DatabaseError
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.template.response import SimpleTemplateResponse, TemplateResponse
+from django.urls import URLPattern, path, register_converter, reverse
 from django.utils import timezone
 from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
@@ -20,6 +22,7 @@ from django.utils.translation import gettext
 
 from django_jobs.admin.permissions import can_act_on_jobs, can_view_jobs
 from django_jobs.conf import JobsSettings
+from django_jobs.db import ops
 from django_jobs.limits import as_id
 
 if TYPE_CHECKING:
@@ -45,6 +48,10 @@ EMPTY = "\u2013"
 
 # Seconds between two refreshes of a page that refreshes itself (0: never).
 REFRESH_SECONDS = 10
+
+# Seconds any one statement of a jobs page (a GET) may run on the jobs database before it is
+# interrupted and the page says so (``statement_timeout`` on an admin class; 0: no limit).
+STATEMENT_TIMEOUT = 5.0
 
 
 class IdConverter:
@@ -146,6 +153,47 @@ def page_context(
     }
 
 
+def bounded_view(model_admin: admin.ModelAdmin, view: Callable[..., HttpResponse]):
+    """``view`` with every statement it runs on the jobs database, rendering included,
+    limited to the admin class's ``statement_timeout`` seconds (``ops(db).statement_timeout``:
+    PostgreSQL's ``statement_timeout`` local to a transaction, MariaDB's
+    ``max_statement_time``, a progress handler on SQLite). A statement that runs out answers
+    a page that says so (503), not a 500. GET and HEAD only: an action (POST) runs the
+    operations' own short transactions, which a timeout must not cut in the middle."""
+
+    @functools.wraps(view)
+    def bounded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        seconds = getattr(model_admin, "statement_timeout", STATEMENT_TIMEOUT)
+        if request.method not in ("GET", "HEAD") or not seconds:
+            return view(request, *args, **kwargs)
+        db = JobsSettings.load().database
+        try:
+            with ops(db).statement_timeout(db, seconds):
+                response = view(request, *args, **kwargs)
+                # A TemplateResponse runs its queries as it renders: inside the limit.
+                if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+                    response.render()
+                return response
+        except DatabaseError as error:
+            if not ops(db).is_statement_timeout(error):
+                raise
+            return timed_out(model_admin, request, seconds)
+
+    return bounded
+
+
+def timed_out(model_admin: admin.ModelAdmin, request: HttpRequest, seconds: float):
+    """The page of a request whose statement ran past the limit: what happened and what to
+    do (narrow the list), with the admin's navigation."""
+    context = {
+        **page_context(model_admin, request, "This page took too long"),
+        "seconds": seconds,
+        "back": request.get_full_path(),
+    }
+    response = TemplateResponse(request, "admin/django_jobs/timed_out.html", context, status=503)
+    return response.render()
+
+
 class JobsPermissionsMixin(ModelAdminMixin):
     """Delegates every permission to the ``Job`` model's; nothing is added or deleted here.
 
@@ -155,6 +203,18 @@ class JobsPermissionsMixin(ModelAdminMixin):
     (the app index says "View", the lists are not "Select job to change"), and an action
     asks ``has_act_permission``: the ``change_job`` permission.
     """
+
+    # Seconds one statement of a page may run (``bounded_view``); 0: no limit.
+    statement_timeout = STATEMENT_TIMEOUT
+
+    @property
+    def urls(self) -> list[Any]:
+        """Every URL of the admin class, whatever its ``get_urls`` adds, through
+        ``bounded_view``: each jobs page is bounded without opting in."""
+        return [
+            bounded_pattern(self, pattern) if isinstance(pattern, URLPattern) else pattern
+            for pattern in self.get_urls()
+        ]
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return can_view_jobs(request)
@@ -202,6 +262,15 @@ class JobsPermissionsMixin(ModelAdminMixin):
         if not self.has_view_permission(request, obj):
             raise PermissionDenied
         return obj
+
+
+def bounded_pattern(model_admin: admin.ModelAdmin, pattern: URLPattern) -> URLPattern:
+    return URLPattern(
+        pattern.pattern,
+        bounded_view(model_admin, pattern.callback),
+        pattern.default_args,
+        pattern.name,
+    )
 
 
 def filter_parameters(list_filter: Sequence[Any]) -> set[str]:

@@ -17,6 +17,7 @@ from django.utils import timezone
 from django_jobs.admin.base import as_id
 from django_jobs.conf import JobsSettings
 from django_jobs.models import (
+    FINISHED_STATUSES,
     Batch,
     BlockedExecution,
     ClaimedExecution,
@@ -31,13 +32,13 @@ MAX_CHOICES = 100
 
 
 def recent_values(field: str) -> set[str]:
+    """The values of ``field`` among the newest ``RECENT`` jobs: their rows read by the
+    primary key backwards (a LIMIT, one range), the distinct values taken here. A
+    ``DISTINCT ... WHERE id >= ...`` let a planner walk a whole index of ``field`` instead
+    (SQLite: 0.7 s per filter at a million jobs)."""
     db = JobsSettings.load().database
-    latest = Job.objects.using(db).order_by("-pk").values_list("pk", flat=True)[RECENT - 1 : RECENT]
-    recent = Job.objects.using(db)
-    if latest:
-        recent = recent.filter(pk__gte=latest[0])
-    values = recent.exclude(**{f"{field}__isnull": True}).values_list(field, flat=True)
-    return set(values.distinct())
+    newest = Job.objects.using(db).order_by("-pk").values_list(field, flat=True)[:RECENT]
+    return {value for value in newest if value is not None}
 
 
 class BoundedChoicesFilter(admin.SimpleListFilter):
@@ -90,7 +91,9 @@ class ConcurrencyKeyFilter(BoundedChoicesFilter):
 
 
 class FinishedSinceFilter(admin.SimpleListFilter):
-    """With the state filter, "failed in the last hour" and the like."""
+    """With the state filter, "failed in the last hour" and the like. Finished jobs only, so
+    that ``jobs_job_status_finished`` (status, finished_at) serves it as one range per
+    finished state; on ``finished_at`` alone it read the whole index."""
 
     title = "finished since"
     parameter_name = "finished_since"
@@ -103,7 +106,9 @@ class FinishedSinceFilter(admin.SimpleListFilter):
         window = self.windows.get(self.value() or "")
         if window is None:
             return queryset
-        return queryset.filter(finished_at__gte=timezone.now() - window)
+        return queryset.filter(
+            status__in=FINISHED_STATUSES, finished_at__gte=timezone.now() - window
+        )
 
 
 class RowFilter(admin.SimpleListFilter):

@@ -14,6 +14,7 @@ import functools
 import json
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -604,6 +605,52 @@ class Operations:
         """Insert one job that is ready at once with nothing to lock or check, and its
         ready row, in one round trip, where the database has a way (MySQL/MariaDB: a
         stored procedure); False, having written nothing, where it has none."""
+        return False
+
+    # --- the admin's reads: its search (admin/search.py) and its statement timeout
+    # (admin/base.py, bounded_view) ---
+
+    def prefix_condition(self, field: str, prefix: str) -> Q:
+        """``field`` starts with ``prefix`` (its ``%``, ``_`` and ``\\`` taken as text), in a
+        form an index of ``field`` serves: ``LIKE 'prefix%'``, a range scan on a btree
+        whose order is the column's (MySQL/MariaDB; PostgreSQL with the
+        ``varchar_pattern_ops`` index ``jobs_job_task_prefix``)."""
+        from django.db.models import Q
+
+        return Q(**{f"{field}__startswith": prefix})
+
+    def keyword_argument_condition(self, name: str, values: Sequence[Any]) -> Q | None:
+        """Jobs whose keyword argument ``name`` equals one of ``values``, from an index of
+        the arguments; None where the database has none (the caller scans a bounded
+        window with ``scanned_keyword_condition``)."""
+        return None
+
+    def any_argument_condition(self, values: Sequence[Any]) -> Q | None:
+        """Jobs with any argument, positional or keyword (top level), equal to one of
+        ``values``, from an index; None where the database has none."""
+        return None
+
+    def scanned_keyword_condition(self, name: str, values: Sequence[Any]) -> Q:
+        """``keyword_argument_condition`` as a condition read row by row (JSON path
+        ``$."name"``): only for a window of rows the caller bounds."""
+        from django.db.models import Q
+        from django.db.models.fields.json import KeyTransform, KeyTransformExact
+
+        condition = Q(pk__in=[])
+        for value in values:
+            if value is not None:
+                # The value as JSON text: a lookup built here is not prepared by the field.
+                condition |= Q(KeyTransformExact(KeyTransform(name, "kwargs"), json.dumps(value)))
+        return condition
+
+    def statement_timeout(self, db: str, seconds: float) -> AbstractContextManager[None]:
+        """Within the block, a statement on ``db`` that runs longer than ``seconds`` is
+        interrupted with an error ``is_statement_timeout`` recognises; afterwards the
+        connection is as before. Portable version: no limit (a database we do not know)."""
+        return nullcontext()
+
+    def is_statement_timeout(self, error: BaseException) -> bool:
+        """Whether ``error`` is a statement interrupted by ``statement_timeout``."""
         return False
 
 

@@ -70,3 +70,34 @@ def as_built[T: (models.Index, models.UniqueConstraint)](
         first = declared.fields[0].lstrip("-")
         options["condition"] = Q(**{f"{first}__isnull": False})
     return django_class(*args, **options)
+
+
+class PostgresIndex(models.Index):
+    """An index built on PostgreSQL only, with its access ``method`` (``"gin"``) and the
+    ``opclasses`` only PostgreSQL has (``varchar_pattern_ops``): the GIN indexes of the
+    arguments and the LIKE-prefix index of the task path, which the admin's search uses
+    there (django_jobs/admin/search.py). Other databases have neither; their search takes
+    another path, so nothing is built for them.
+
+    Added and removed only through :class:`django_jobs.db.online_index.AddIndexOnline`
+    (and its ``RemoveIndexOnline``), which skip the other vendors; Django's own
+    ``AddIndex`` would build it everywhere.
+    """
+
+    vendors = ("postgresql",)
+
+    def __init__(self, *args: Any, method: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.method = method
+
+    def deconstruct(self) -> Any:
+        path, args, kwargs = super().deconstruct()
+        if self.method:
+            kwargs["method"] = self.method
+        return path, args, kwargs
+
+    def create_sql(
+        self, model: type[models.Model], schema_editor: Any, using: str = "", **kwargs: Any
+    ) -> Any:
+        using = using or (f" USING {self.method}" if self.method else "")
+        return super().create_sql(model, schema_editor, using=using, **kwargs)

@@ -4,9 +4,11 @@ by its own key."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +61,13 @@ class Features(base.Features):
 
 
 class Operations(base.Operations):
+    def statement_timeout(self, db: str, seconds: float) -> AbstractContextManager[None]:
+        return session_statement_timeout(db, seconds)
+
+    def is_statement_timeout(self, error: BaseException) -> bool:
+        code = getattr(error, "args", (None,))[0] if getattr(error, "args", None) else None
+        return code in (MARIADB_STATEMENT_TIMEOUT, MYSQL_STATEMENT_TIMEOUT)
+
     def lock_in_key_order(self, rows: QuerySet[RowT], keys: Iterable[str]) -> list[RowT]:
         """One point lookup per key, in Python's order, all in one statement: InnoDB locks
         rows in the order it reads them, so one ``WHERE key IN (...)`` would lock them in
@@ -413,3 +422,34 @@ def key_lock_statement(db: str, model: type[models.Model], count: int) -> str:
         f"(SELECT {names} FROM {quote(model._meta.db_table)} WHERE {quote('key')} = %s FOR UPDATE)"
     )
     return " UNION ALL ".join([one] * count)
+
+
+# MariaDB's error for a statement stopped by ``max_statement_time``; MySQL's for one stopped
+# by ``max_execution_time``.
+MARIADB_STATEMENT_TIMEOUT = 1969
+MYSQL_STATEMENT_TIMEOUT = 3024
+
+
+@contextlib.contextmanager
+def session_statement_timeout(db: str, seconds: float) -> Iterator[None]:
+    """The session's limit set for the block and put back after it: MariaDB's
+    ``max_statement_time`` (seconds, every statement), MySQL's ``max_execution_time``
+    (milliseconds, SELECTs only)."""
+    connection: Any = connections[db]  # Django's MySQL wrapper: mysql_is_mariadb
+    connection.ensure_connection()
+    variable: str
+    value: float
+    if connection.mysql_is_mariadb:
+        variable, value = "max_statement_time", seconds
+    else:
+        variable, value = "max_execution_time", int(seconds * 1000)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT @@SESSION.{variable}")
+        (before,) = cursor.fetchone()
+        cursor.execute(f"SET SESSION {variable} = %s", [value])
+    try:
+        yield
+    finally:
+        if connection.is_usable():
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET SESSION {variable} = %s", [before])

@@ -7,9 +7,10 @@ purpose."""
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Model, QuerySet
 from django.db.models.functions import Collate
@@ -17,6 +18,7 @@ from django.db.models.functions import Collate
 from django_jobs.db import base
 from django_jobs.db.base import RowT
 from django_jobs.db.postgresql import (
+    admin_reads,
     admission,
     claims,
     dependencies,
@@ -166,3 +168,17 @@ class Operations(base.Operations):
     ) -> dict[int, Started]:
         """One statement: the windows and the starts, from column arrays."""
         return rate_limits.write_rated_starts(db, windows, rows, worker_id, now, starts)
+
+    def keyword_argument_condition(self, name: str, values: Sequence[Any]) -> Q:
+        """``kwargs @> {name: value}``, served by the GIN index ``jobs_job_kwargs_gin``."""
+        return admin_reads.keyword_argument(name, values)
+
+    def any_argument_condition(self, values: Sequence[Any]) -> Q:
+        """jsonpath ``@?`` on ``args`` and ``kwargs``, served by their GIN indexes."""
+        return admin_reads.any_argument(values)
+
+    def statement_timeout(self, db: str, seconds: float) -> AbstractContextManager[None]:
+        return admin_reads.statement_timeout(db, seconds)
+
+    def is_statement_timeout(self, error: BaseException) -> bool:
+        return admin_reads.is_statement_timeout(error)
