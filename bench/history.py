@@ -59,8 +59,10 @@ PRUNE_COMMAND = ("prune_jobs", "--older-than", "7d")
 # (plain replacement: other braces stay as written).
 SEARCHES = {
     "by job id": "{job_id}",
-    "customer id in the arguments": '"customer_id": {customer}}',
-    "task path": "{task_path}",
+    "customer id in the arguments": "customer_id={customer}",
+    "any argument equal to the customer id": "arg:{customer}",
+    "task path": "task:{task_path}",
+    "free text (a bounded scan)": "text:customer_id",
 }
 CUSTOMER = 4242
 TASK_PATH = "shop.tasks.task_7"  # one of the history's 20 (every 20th job)
