@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -185,10 +185,11 @@ progress = tp.progress
 
 def sibling_url(url: str) -> str:
     """The same server's database named like ``url``'s plus EMPTY_SUFFIX."""
-    parts = urlsplit(url)
-    head, _, name = parts.path.rpartition("/")
+    # The URL's text, not urlunsplit(): that drops a slash of sqlite:////abs/path.
+    before_query, mark, query = url.partition("?")
+    head, _, name = before_query.rpartition("/")
     stem, dot, ext = name.partition(".")
-    return urlunsplit(parts._replace(path=f"{head}/{stem}{EMPTY_SUFFIX}{dot}{ext}"))
+    return f"{head}/{stem}{EMPTY_SUFFIX}{dot}{ext}{mark}{query}"
 
 
 def database_name(url: str) -> str:
