@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin, messages
@@ -36,11 +35,11 @@ class DashboardAdmin(PageAdmin):
         conf = JobsSettings.load()
         db = conf.database
         now = timezone.now()
-        per_minute = inspection.finished_per_minute(db, now)
-        chart = bars(per_minute)
-        start = per_minute[0]["minute"]
-        end = start + timedelta(minutes=len(per_minute))
-        counted = inspection.count_queues(db, finished_since=start, finished_until=end)
+        # The hour's outcomes in one read, for the chart and the table's (1h) columns.
+        recent = inspection.recent_outcomes(db, now)
+        chart = bars(recent.per_minute)
+        counted = inspection.count_queues(db)
+        counted.finished = recent.per_queue
         paused = sorted(Pause.objects.using(db).values_list("queue_name", flat=True))
         rows = {}
         for queue in sorted({*counted.pending, *counted.finished, *paused}):

@@ -159,8 +159,9 @@ def count_queues(
     one more, ``status IN (...) AND finished_at >= since``: a range of the
     ``(status, finished_at)`` index per outcome, whose cost follows the jobs finished
     in the window. So each caller names the narrowest window it shows (the metrics one
-    minute, the dashboard its chart's hour), and none reads it when ``finished_since``
-    is None. ``oldest_ready``: also each queue's oldest ready row, read in the same scan
+    minute, ``manage.py jobs`` the hour), and none reads it when ``finished_since`` is
+    None (the dashboard reads its hour with ``recent_outcomes``, once for its chart and
+    its table). ``oldest_ready``: also each queue's oldest ready row, read in the same scan
     as the ready count.
     """
     counts = QueueCounts()
@@ -505,30 +506,63 @@ def key_holders(db: str, key: str, limit: int = STUCK_SAMPLE) -> list[Holder]:
     return holders
 
 
-def finished_per_minute(db: str, now: datetime, minutes: int = 60) -> list[dict[str, Any]]:
-    """Succeeded and failed jobs per minute over the last ``minutes``, oldest first.
+@dataclass
+class RecentOutcomes:
+    """The jobs finished over the last minutes, read once for the dashboard's chart and
+    its queue table.
 
-    Reads the ``(status, finished_at)`` index range of the last hour only, and
-    counts in the database, so its cost follows the hour's throughput, not the
-    table's size.
+    ``per_minute``: ``{"minute", "succeeded", "failed", "discarded"}`` for every minute,
+    oldest first (the last one is the minute under way). ``per_queue``: queue ->
+    ``{succeeded, failed, discarded}`` over the same minutes, for the queues with a job
+    finished in them.
+    """
+
+    per_minute: list[dict[str, Any]]
+    per_queue: dict[str, dict[str, int]]
+
+    @property
+    def start(self) -> datetime:
+        return self.per_minute[0]["minute"]
+
+    @property
+    def end(self) -> datetime:
+        return self.per_minute[-1]["minute"] + timedelta(minutes=1)
+
+
+def recent_outcomes(db: str, now: datetime, minutes: int = 60) -> RecentOutcomes:
+    """The jobs that reached each outcome per minute and per queue over the last
+    ``minutes`` (the one under way included), in one grouped query.
+
+    It reads the ``(status, finished_at)`` index range of those minutes once, each row
+    looked up for its queue: the cost follows the jobs finished in them (90,000 an hour
+    for a 30,000,000-job history kept 14 days), never the table's size. The chart and the
+    table were two reads of the same range: one read costs two thirds of them, and the
+    two always agree. Rows come back per (minute, queue, outcome): at most the range's
+    rows, ``3 * minutes`` per queue finishing jobs.
     """
     end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
     start = end - timedelta(minutes=minutes)
-    buckets = {start + timedelta(minutes=i): {"succeeded": 0, "failed": 0} for i in range(minutes)}
+    buckets = {start + timedelta(minutes=i): dict.fromkeys(OUTCOMES, 0) for i in range(minutes)}
+    per_queue: dict[str, dict[str, int]] = {}
     rows = (
         Job.objects.using(db)
-        .filter(status__in=(JobStatus.SUCCEEDED, JobStatus.FAILED), finished_at__gte=start)
+        .filter(status__in=OUTCOMES, finished_at__gte=start, finished_at__lt=end)
         # Minutes in UTC: the same minutes as in any zone with whole-minute offsets, and
         # MariaDB/MySQL need no time-zone tables for it (a named zone made the dashboard
         # answer 500 where they are not loaded).
         .annotate(minute=TruncMinute("finished_at", tzinfo=UTC))
-        .values_list("minute", "status")
-        .annotate(n=Count("pk"))
-        .values_list("minute", "status", "n")
+        .values_list("minute", "queue_name", "status")
+        .annotate(n=Count("*"))
+        .values_list("minute", "queue_name", "status", "n")
         .order_by()
     )
-    for minute, status, n in rows:
+    for minute, queue, status, n in rows:
         bucket = buckets.get(minute)
-        if bucket is not None:
-            bucket[str(status)] += n
-    return [{"minute": minute, **counts} for minute, counts in buckets.items()]
+        if bucket is None or status not in bucket:
+            continue
+        bucket[status] += n
+        per_queue.setdefault(queue, dict.fromkeys(OUTCOMES, 0))[status] += n
+    return RecentOutcomes(
+        per_minute=[{"minute": minute, **counts} for minute, counts in buckets.items()],
+        per_queue=per_queue,
+    )
