@@ -65,6 +65,10 @@ SMALL_WORKFLOWS = 60
 KEYS = 5
 BLOCKED_PER_KEY = 30
 RATE_WAITING = 20
+# Jobs a 30,000,000-job history kept 14 days finishes per hour (--recent-hour's default):
+# what the dashboard's chart and the last hour's counts read at that size.
+HOUR_AT_30M = 30_000_000 // (14 * 24)
+QUEUES = ("default", "emails", "reports", "reports-daily", "slow")
 
 
 def planted() -> bool:
@@ -117,6 +121,31 @@ def plant() -> None:
             sync_account.enqueue(account_id=10_000_000 + key)
     plant_rate_limit(now)
     plant_processes(now)
+
+
+def plant_recent_hour(total: int, chunk: int = 10_000) -> None:
+    """``total`` jobs finished over the last hour (every 10th failed), bulk inserted."""
+    now = timezone.now()
+    for start in range(0, total, chunk):
+        rows = []
+        for n in range(start, min(total, start + chunk)):
+            finished = now - timedelta(seconds=3600 * (n + 0.5) / total)
+            rows.append(
+                Job(
+                    backend="default",
+                    task_path=add.module_path,
+                    queue_name=QUEUES[n % len(QUEUES)],
+                    args=[1, 2],
+                    kwargs={},
+                    status=JobStatus.FAILED if n % 10 == 0 else JobStatus.SUCCEEDED,
+                    attempts=1,
+                    max_attempts=1,
+                    enqueued_at=finished - timedelta(seconds=2),
+                    last_attempted_at=finished - timedelta(seconds=1),
+                    finished_at=finished,
+                )
+            )
+        Job.objects.bulk_create(rows)
 
 
 def plant_rate_limit(now) -> None:
@@ -216,6 +245,12 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--replant", action="store_true")
     parser.add_argument("--slow-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--recent-hour",
+        type=int,
+        default=HOUR_AT_30M,
+        help=f"jobs finished in the last hour, planted ({HOUR_AT_30M:,}: a 30M history's rate)",
+    )
     options = parser.parse_args()
     name = str(connection.settings_dict["NAME"])
     if SAFE_NAME_PART not in name:
@@ -225,6 +260,7 @@ def main() -> int:
     if not planted():
         began = time.perf_counter()
         plant()
+        plant_recent_hour(options.recent_hour)
         print(f"planted in {time.perf_counter() - began:.1f} s")
     last = Job.objects.order_by("-pk").values_list("pk", flat=True)[0]
     print(f"{connection.vendor}, {last:,} job ids")
