@@ -52,6 +52,13 @@ OUTCOMES: tuple[str, ...] = tuple(status.value for status in FINISHED_STATUSES)
 # ``manage.py jobs``' columns, in its order.
 STATES = (*PENDING_STATES, "failed_last_hour", "finished_last_hour")
 STUCK_SAMPLE = 50
+# A task's usual duration (``running_too_long``): the median of at most SAMPLES_KEPT of
+# its successes, judged from SAMPLES_NEEDED; found among the latest RECENT_SUCCESSES
+# successes, else among TASK_ROWS_READ of the task's jobs.
+SAMPLES_KEPT = 50
+SAMPLES_NEEDED = 5
+RECENT_SUCCESSES = 5_000
+TASK_ROWS_READ = 500
 # Keys per IN (...) list: well under every backend's limit on query parameters.
 KEY_CHUNK = 500
 # Keys with blocked jobs that a snapshot (and the stuck page) reads, in the grouped
@@ -374,28 +381,41 @@ def stuck_jobs(
 
 
 def running_too_long(db: str, now: datetime, factor: float = 5.0) -> list[int]:
-    """Running jobs past ``factor`` times their task's usual (median recent) duration."""
+    """Running jobs past ``factor`` times their task's usual (median) duration.
+
+    A task's usual duration is read with LIMITs only, so its cost never follows the
+    history: the median of its successes among the latest ``RECENT_SUCCESSES`` successes
+    (one read of the ``(status, finished_at)`` index's end, for every task at once), or,
+    for a task with fewer than ``SAMPLES_NEEDED`` there (a rare one, or one that has not
+    succeeded lately), of its successes among ``TASK_ROWS_READ`` of its jobs (read
+    through the ``task_path`` index). Asking each task for its latest successes instead
+    walked the index back past every success since its last one: 3 days of history for
+    a task failing since a deploy 3 days ago, whose retry runs.
+    """
     running = list(
         Job.objects.using(db)
         .filter(status=JobStatus.RUNNING)
         .order_by("last_attempted_at")
         .values_list("pk", "task_path", "last_attempted_at")[:500]
     )
-    usual: dict[str, float | None] = {}
+    if not running:
+        return []
+    durations: dict[str, list[float]] = defaultdict(list)
+    recent = (
+        Job.objects.using(db)
+        .filter(status=JobStatus.SUCCEEDED)
+        .order_by("-finished_at")
+        .values_list("task_path", "last_attempted_at", "finished_at")[:RECENT_SUCCESSES]
+    )
+    for task_path, start, end in recent:
+        if start and end and len(durations[task_path]) < SAMPLES_KEPT:
+            durations[task_path].append((end - start).total_seconds())
+    for task_path in {path for _, path, _ in running}:
+        if len(durations[task_path]) < SAMPLES_NEEDED:
+            durations[task_path] = task_durations(db, task_path)
     late = []
     for pk, task_path, began in running:
-        if task_path not in usual:
-            recent = (
-                Job.objects.using(db)
-                .filter(status=JobStatus.SUCCEEDED, task_path=task_path)
-                .order_by("-finished_at")
-                .values_list("last_attempted_at", "finished_at")[:50]
-            )
-            durations = sorted(
-                (end - start).total_seconds() for start, end in recent if start and end
-            )
-            usual[task_path] = durations[len(durations) // 2] if len(durations) >= 5 else None
-        median = usual[task_path]
+        median = median_of(durations[task_path])
         if (
             median is not None
             and began
@@ -403,6 +423,30 @@ def running_too_long(db: str, now: datetime, factor: float = 5.0) -> list[int]:
         ):
             late.append(pk)
     return late[:STUCK_SAMPLE]
+
+
+def task_durations(db: str, task_path: str) -> list[float]:
+    """The durations of ``task_path``'s successes among ``TASK_ROWS_READ`` of its jobs
+    (in the index's order, not the latest: no index orders a task's jobs by time)."""
+    rows = (
+        Job.objects.using(db)
+        .filter(task_path=task_path)
+        .order_by()
+        .values_list("status", "last_attempted_at", "finished_at")[:TASK_ROWS_READ]
+    )
+    return [
+        (end - start).total_seconds()
+        for status, start, end in rows
+        if status == JobStatus.SUCCEEDED and start and end
+    ][:SAMPLES_KEPT]
+
+
+def median_of(durations: list[float]) -> float | None:
+    """The median of ``durations``; None for fewer than ``SAMPLES_NEEDED``."""
+    if len(durations) < SAMPLES_NEEDED:
+        return None
+    ordered = sorted(durations)
+    return ordered[len(ordered) // 2]
 
 
 def running_progress(db: str, limit: int = STUCK_SAMPLE) -> list[RunningProgress]:
