@@ -11,7 +11,7 @@ by workflow.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,16 +156,31 @@ class Nodes:
     edges_cut: bool
 
 
-def read_nodes(db: str, workflow_id: int, job_url: Callable[[int], str]) -> Nodes:
-    """The first ``NODES_SHOWN`` jobs, their edges (at most ``EDGES_READ``), the status
-    of the jobs outside them they wait for, and the remaining count of those awaiting: at
-    most four queries."""
-    jobs = list(
-        Job.objects.using(db)
-        .filter(workflow_id=workflow_id)
-        .order_by("pk")
-        .only(*NODE_FIELDS)[: NODES_SHOWN + 1]
-    )
+def first_jobs(db: str, workflow_id: int, of_statuses: Iterable[str], limit: int) -> list[Job]:
+    """The workflow's first ``limit`` jobs by id, among those of ``of_statuses``: the first
+    ``limit`` of each status, merged, each read from an index range of
+    ``jobs_job_workflow_nodes`` (workflow, status, id). One read ordered by id alone found
+    no such range on PostgreSQL, which walked the primary key from the table's first job
+    instead: 2.4 s for a 100,000-job workflow behind 3,000,000 finished jobs."""
+    found: dict[int, Job] = {}
+    for status in sorted(set(of_statuses)):
+        rows = (
+            Job.objects.using(db)
+            .filter(workflow_id=workflow_id, status=status)
+            .order_by("pk")
+            .only(*NODE_FIELDS)[:limit]
+        )
+        found.update((job.pk, job) for job in rows)
+    return [found[pk] for pk in sorted(found)[:limit]]
+
+
+def read_nodes(
+    db: str, workflow_id: int, of_statuses: Iterable[str], job_url: Callable[[int], str]
+) -> Nodes:
+    """The first ``NODES_SHOWN`` jobs (of ``of_statuses``: those its jobs have), their
+    edges (at most ``EDGES_READ``), the status of the jobs outside them they wait for,
+    and the remaining count of those awaiting: four queries and one per status."""
+    jobs = first_jobs(db, workflow_id, of_statuses, NODES_SHOWN + 1)
     more_jobs = len(jobs) > NODES_SHOWN
     jobs = jobs[:NODES_SHOWN]
     ids = [job.pk for job in jobs]
@@ -282,7 +297,7 @@ class WorkflowAdmin(ListTitleMixin, JobsPermissionsMixin, admin.ModelAdmin):
         db = jobs_db()
         state = workflow_states(db, [workflow])[workflow.pk]
         job_url = id_urls(f"{self.admin_site.name}:django_jobs_job_change")
-        nodes = read_nodes(db, workflow.pk, job_url)
+        nodes = read_nodes(db, workflow.pk, state.counts, job_url)
         drawable = not nodes.more_jobs and not nodes.edges_cut and state.total <= graph.MAX_DRAWN
         drawing = None
         if drawable and nodes.rows:
