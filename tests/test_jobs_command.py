@@ -295,7 +295,8 @@ def test_past_the_rows_it_reads_the_last_hour_columns_cover_its_latest_minutes(m
             "finished_last_hour": 2,
         }
     }
-    assert "only (the latest 2" in report() and "more than 3 finished jobs" in report()
+    text = report()
+    assert "only (the latest 2" in text and "more than 3 finished jobs" in text, text
 
 
 def test_an_ordinary_hour_is_counted_whole():

@@ -44,9 +44,9 @@ from django_jobs.management.selection import (
     printable_arg,
 )
 from django_jobs.models import Job, JobStatus
+from django_jobs.observability import inspection
 from django_jobs.observability.inspection import (
     COUNT_CAP,
-    QUEUE_ROWS_READ,
     STATES,
     WORKFLOWS_SHOWN,
     Snapshot,
@@ -150,7 +150,8 @@ class Command(BaseCommand):
             out(
                 f"  failed_last_hour, finished_last_hour: since {since:%H:%M %Z} only (the "
                 f"latest {state.finished_minutes} min): the hour held more than "
-                f"{QUEUE_ROWS_READ:,} finished jobs, as many as are read for their queue"
+                f"{inspection.QUEUE_ROWS_READ:,} finished jobs, as many as are read for "
+                "their queue"
             )
 
     def render_blocked_keys(self, state: Snapshot) -> None:
