@@ -148,6 +148,34 @@ def plant_recent_hour(total: int, chunk: int = 10_000) -> None:
         Job.objects.bulk_create(rows)
 
 
+def plant_big(size: int, chunk: int = 10_000) -> None:
+    """A finished workflow and a finished batch of ``size`` jobs each (bulk inserted: no
+    edges), the largest a page may meet (docs/workflows.md, docs/batches.md)."""
+    now = timezone.now()
+    big_workflow = Workflow.objects.create(name=f"{MARK} huge")
+    big_batch = Batch.objects.create(
+        description=f"{MARK} huge", total=size, succeeded=size, finished_at=now
+    )
+    for owner in ({"workflow": big_workflow}, {"batch": big_batch}):
+        for start in range(0, size, chunk):
+            Job.objects.bulk_create(
+                Job(
+                    backend="default",
+                    task_path=add.module_path,
+                    queue_name="default",
+                    args=[1, 2],
+                    kwargs={},
+                    status=JobStatus.SUCCEEDED,
+                    attempts=1,
+                    max_attempts=1,
+                    last_attempted_at=now - timedelta(seconds=1),
+                    finished_at=now - timedelta(hours=2),
+                    **owner,
+                )
+                for _ in range(start, min(size, start + chunk))
+            )
+
+
 def plant_rate_limit(now) -> None:
     """A key whose window is full and ``RATE_WAITING`` jobs waiting for their turn."""
     key = f"{MARK}:rated"
@@ -197,6 +225,8 @@ def plant_processes(now) -> None:
 def pages() -> list[tuple[str, str]]:
     base = "/admin/django_jobs"
     big = Workflow.objects.get(name=f"{MARK} big").pk
+    huge_workflow = Workflow.objects.get(name=f"{MARK} huge").pk
+    huge_batch = Batch.objects.get(description=f"{MARK} huge").pk
     open_batch = Batch.objects.get(description=f"{MARK} open").pk
     finished_batch = Batch.objects.filter(description__startswith=f"{MARK} finished").first()
     keyed = BlockedExecution.objects.values_list("job_id", flat=True).first()
@@ -213,6 +243,8 @@ def pages() -> list[tuple[str, str]]:
         ("workflow list, running", f"{base}/workflow/?status=running"),
         ("workflow list, failed", f"{base}/workflow/?status=failed"),
         ("big workflow", f"{base}/workflow/{big}/change/"),
+        ("huge workflow", f"{base}/workflow/{huge_workflow}/change/"),
+        ("huge batch", f"{base}/batch/{huge_batch}/change/"),
         ("process list", f"{base}/process/"),
         ("recurring", f"{base}/recurringtask/"),
         ("blocked job page", f"{base}/job/{keyed}/change/"),
@@ -251,6 +283,9 @@ def main() -> int:
         default=HOUR_AT_30M,
         help=f"jobs finished in the last hour, planted ({HOUR_AT_30M:,}: a 30M history's rate)",
     )
+    parser.add_argument(
+        "--big", type=int, default=100_000, help="jobs of the huge workflow and batch (100,000)"
+    )
     options = parser.parse_args()
     name = str(connection.settings_dict["NAME"])
     if SAFE_NAME_PART not in name:
@@ -261,6 +296,7 @@ def main() -> int:
         began = time.perf_counter()
         plant()
         plant_recent_hour(options.recent_hour)
+        plant_big(options.big)
         print(f"planted in {time.perf_counter() - began:.1f} s")
     last = Job.objects.order_by("-pk").values_list("pk", flat=True)[0]
     print(f"{connection.vendor}, {last:,} job ids")
