@@ -35,6 +35,7 @@ from django_jobs.models import (
     ReadyExecution,
     Semaphore,
 )
+from django_jobs.observability import inspection
 from tests import tasks
 from tests.factories import (
     AwaitingExecutionFactory,
@@ -492,7 +493,7 @@ def test_every_page_shows_dates_in_one_format_in_the_zone_it_names(admin_client,
         reverse("admin:django_jobs_process_change", args=[worker.pk]),
         reverse("admin:django_jobs_batch_change", args=[batch.id]),
     ]
-    # The dashboard's chart truncates to minutes in UTC (inspection.finished_per_minute):
+    # The dashboard's chart truncates to minutes in UTC (inspection.recent_outcomes):
     # it answers on MariaDB/MySQL without their time zone tables too.
     for url in pages:
         response = admin_client.get(url)
@@ -562,6 +563,47 @@ def test_the_dashboard_counts_outcomes_as_its_chart_does(admin_client):
     assert (totals["Succeeded (1h)"], totals["Failed (1h)"]) == (chart["succeeded"], 3)
     assert chart["failed"] == 3 and chart["succeeded"] == 3
     assert totals["Discarded (1h)"] == 1
+
+
+def test_past_the_rows_it_reads_the_dashboard_counts_queues_over_the_latest_minutes(
+    admin_client, monkeypatch
+):
+    """The chart counts the whole hour from the ``(status, finished_at)`` index; the
+    table's outcome columns read each job for its queue, so past ``QUEUE_ROWS_READ`` jobs
+    (10,000 in use, 3 here) they cover the hour's latest minutes and say which."""
+    monkeypatch.setattr(inspection, "QUEUE_ROWS_READ", 3)
+    now = timezone.now()
+    FinishedJobFactory.create_batch(2, queue_name="emails", finished_at=now)
+    FinishedJobFactory.create_batch(
+        3, queue_name="reports", status=JobStatus.FAILED, finished_at=now - timedelta(minutes=10)
+    )
+    FinishedJobFactory(queue_name="reports", finished_at=now - timedelta(minutes=30))
+    with CaptureQueriesContext(connection) as captured:
+        response = admin_client.get(page("dashboard"))
+    chart = response.context["chart"]
+    assert (chart["succeeded"], chart["failed"]) == (3, 3)
+    window = response.context["window"]
+    assert re.fullmatch(r"(10|11) min", window), window
+    columns = response.context["columns"]
+    assert list(columns[-3:]) == [f"{s} ({window})" for s in ("Succeeded", "Failed", "Discarded")]
+    rows = {queue["name"]: queue["counts"] for queue in response.context["queues"]}
+    assert rows == {"emails": [0, 0, 0, 0, 0, 2, 0, 0]}
+    assert "the hour held more than 3 finished jobs" in text(response)
+    # Each read of finished jobs is a window of the (status, finished_at) index; only the
+    # bounded one reads their queue.
+    reads = [q["sql"] for q in captured.captured_queries if "finished_at" in q["sql"]]
+    assert len(reads) == 2 and sum("queue_name" in sql for sql in reads) == 1, reads
+
+
+def test_under_the_rows_it_reads_the_dashboard_counts_queues_over_the_hour(admin_client):
+    now = timezone.now()
+    FinishedJobFactory.create_batch(2, queue_name="emails", finished_at=now)
+    FinishedJobFactory(queue_name="reports", finished_at=now - timedelta(minutes=50))
+    response = admin_client.get(page("dashboard"))
+    assert response.context["window"] == "1h" and not response.context["window_cut"]
+    rows = {queue["name"]: queue["counts"][-3:] for queue in response.context["queues"]}
+    assert rows == {"emails": [2, 0, 0], "reports": [1, 0, 0]}
+    assert "(1h): finished in the last hour" in text(response)
 
 
 def test_processes_show_the_queues_they_serve(admin_client):

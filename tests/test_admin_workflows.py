@@ -190,15 +190,37 @@ def test_the_page_draws_one_node_per_job_each_a_link_in_columns_by_rank(admin_cl
     assert ">merge<" in svg and f"#{pk(bottom)} · awaiting" in svg
 
 
+def test_the_graph_and_table_print_numbers_unlocalized_with_thousand_separators_on(
+    admin_client, settings
+):
+    """Coordinates past 999 (a chain's sixth column) and ids stay plain numbers: "1,088"
+    is no SVG coordinate."""
+    settings.USE_THOUSAND_SEPARATOR = True
+    with workflow("long chain") as wf:
+        previous = wf.add(wt.step, "0")
+        for n in range(1, 6):
+            previous = wf.add(wt.step, str(n), after=[previous])
+    response = admin_client.get(url("workflow_change", wf.result.id))
+    last = max(response.context["drawing"].nodes, key=lambda node: node.x)
+    assert last.x >= 1000
+    html = response.content.decode()
+    assert f'<rect x="{last.x}"' in html and f'data-job="{last.id}"' in html
+    assert f'href="{url("job_change", last.id)}">#{last.id}</a>' in html
+
+
 def test_the_table_says_what_each_job_waits_for_and_how_many_remain(admin_client, worker):
     wf, (top, left, right, bottom) = diamond()
     run(worker, top)
     run(worker, left)
     response = admin_client.get(url("workflow_change", wf.id))
     rows = {row.job.pk: row for row in response.context["rows"]}
-    assert rows[pk(bottom)].waits_for == [
+    assert [(link.id, link.status) for link in rows[pk(bottom)].waits_for] == [
         (pk(left), JobStatus.SUCCEEDED),
         (pk(right), JobStatus.READY),
+    ]
+    assert [link.url for link in rows[pk(bottom)].waits_for] == [
+        url("job_change", pk(left)),
+        url("job_change", pk(right)),
     ]
     assert rows[pk(bottom)].remaining == 1
     assert rows[pk(top)].waits_for == [] and rows[pk(top)].remaining is None

@@ -268,3 +268,40 @@ def test_no_workflows():
     assert "Workflows (the latest" in report()
     assert report().rstrip().endswith("none")
     assert json.loads(report("--json"))["workflows"] == []
+
+
+def test_past_the_rows_it_reads_the_last_hour_columns_cover_its_latest_minutes(monkeypatch):
+    """``failed_last_hour`` and ``finished_last_hour`` read each job for its queue: past
+    ``QUEUE_ROWS_READ`` jobs in the hour (10,000 in use, 3 here) they count its latest
+    minutes, and the overview says from when."""
+    from django_jobs.observability import inspection
+
+    monkeypatch.setattr(inspection, "QUEUE_ROWS_READ", 3)
+    now = timezone.now()
+    FinishedJobFactory.create_batch(2, queue_name="emails", finished_at=now)
+    FinishedJobFactory.create_batch(
+        3, status=JobStatus.FAILED, finished_at=now - timedelta(minutes=20)
+    )
+    data = json.loads(report("--json"))
+    assert data["finished_minutes"] in (20, 21)
+    assert data["queues"] == {
+        "emails": {
+            "ready": 0,
+            "scheduled": 0,
+            "blocked": 0,
+            "awaiting": 0,
+            "running": 0,
+            "failed_last_hour": 0,
+            "finished_last_hour": 2,
+        }
+    }
+    text = report()
+    assert "only (the latest 2" in text and "more than 3 finished jobs" in text, text
+
+
+def test_an_ordinary_hour_is_counted_whole():
+    FinishedJobFactory(status=JobStatus.FAILED, finished_at=timezone.now() - timedelta(minutes=50))
+    data = json.loads(report("--json"))
+    assert data["finished_minutes"] == 60
+    assert data["queues"]["default"]["failed_last_hour"] == 1
+    assert "only (the latest" not in report()

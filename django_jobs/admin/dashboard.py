@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin, messages
@@ -18,12 +17,25 @@ from django_jobs.core import operator as operations
 from django_jobs.models import Dashboard, JobStatus, Pause
 from django_jobs.observability import inspection
 
-# The queue table's columns: the execution tables now, then the last hour's outcomes over
-# the chart's own window, so that its succeeded and failed totals are the chart's.
-COLUMNS = (
-    *(state.capitalize() for state in inspection.PENDING_STATES),
-    *(f"{JobStatus(status).label} (1h)" for status in inspection.OUTCOMES),
-)
+# The queue table's columns: the execution tables now, then the outcomes over the chart's
+# hour, so that its succeeded and failed totals are the chart's; or, past
+# ``inspection.QUEUE_ROWS_READ`` jobs in the hour, over its latest minutes, and the
+# columns say which ("Succeeded (12 min)").
+PENDING_COLUMNS = tuple(state.capitalize() for state in inspection.PENDING_STATES)
+
+
+def outcome_window(recent: inspection.RecentOutcomes) -> str:
+    """How the outcome columns name their window: "1h", or "12 min" when cut."""
+    if not recent.queue_window_cut:
+        return "1h"
+    return f"{recent.queue_minutes} min"
+
+
+def columns(window: str) -> tuple[str, ...]:
+    return (
+        *PENDING_COLUMNS,
+        *(f"{JobStatus(status).label} ({window})" for status in inspection.OUTCOMES),
+    )
 
 
 @admin.register(Dashboard)
@@ -36,11 +48,13 @@ class DashboardAdmin(PageAdmin):
         conf = JobsSettings.load()
         db = conf.database
         now = timezone.now()
-        per_minute = inspection.finished_per_minute(db, now)
-        chart = bars(per_minute)
-        start = per_minute[0]["minute"]
-        end = start + timedelta(minutes=len(per_minute))
-        counted = inspection.count_queues(db, finished_since=start, finished_until=end)
+        # The hour per minute for the chart; per queue for the table, over the hour or
+        # (past QUEUE_ROWS_READ jobs) its latest minutes.
+        recent = inspection.recent_outcomes(db, now)
+        chart = bars(recent.per_minute)
+        counted = inspection.count_queues(db)
+        counted.finished = recent.per_queue
+        window = outcome_window(recent)
         paused = sorted(Pause.objects.using(db).values_list("queue_name", flat=True))
         rows = {}
         for queue in sorted({*counted.pending, *counted.finished, *paused}):
@@ -50,15 +64,20 @@ class DashboardAdmin(PageAdmin):
             counts += [done.get(status, 0) for status in inspection.OUTCOMES]
             if any(counts) or queue in paused:
                 rows[queue] = counts
+        width = len(PENDING_COLUMNS) + len(inspection.OUTCOMES)
         totals = [sum(column) for column in zip(*rows.values(), strict=True)] if rows else []
         return {
             "now": now,
-            "columns": COLUMNS,
+            "columns": columns(window),
+            "window": window,
+            "window_cut": recent.queue_window_cut,
+            "queue_rows_read": f"{inspection.QUEUE_ROWS_READ:,}",
+            "queue_since": recent.queue_since,
             "queues": [
                 {"name": queue, "counts": counts, "paused": queue in paused}
                 for queue, counts in rows.items()
             ],
-            "totals": totals or [0] * len(COLUMNS),
+            "totals": totals or [0] * width,
             "chart": chart,
             "processes": process_rows(db, inspection.processes(db, now, conf)),
             "paused": paused,

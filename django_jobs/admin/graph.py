@@ -32,6 +32,8 @@ class GraphJob:
     id: int
     task_path: str
     status: str
+    # Its page (the admin's job page), where the node links.
+    url: str = ""
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Node:
     # (rows can be edited by hand).
     tone: str
     title: str
+    url: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ def layout(jobs: Sequence[GraphJob], edges: Iterable[tuple[int, int]]) -> Drawin
             status=job.status,
             tone=job.status if job.status in KNOWN_STATUSES else "unknown",
             title=f"#{job.id} {job.task_path}: {job.status}",
+            url=job.url,
         )
         for job in jobs
     ]

@@ -38,8 +38,9 @@ KINDS = {
     ),
     "running_far_too_long": (
         "Running far longer than usual",
-        "Running over five times its task's median duration (of its last 50 successes). "
-        "It may be hung; it cannot be discarded while it runs.",
+        "Running over five times its task's median duration: of its last 50 successes "
+        "among the latest 5,000 of every task, else of its successes among 500 of its "
+        "jobs. It may be hung; it cannot be discarded while it runs.",
     ),
 }
 

@@ -44,6 +44,7 @@ from django_jobs.management.selection import (
     printable_arg,
 )
 from django_jobs.models import Job, JobStatus
+from django_jobs.observability import inspection
 from django_jobs.observability.inspection import (
     COUNT_CAP,
     STATES,
@@ -144,6 +145,14 @@ class Command(BaseCommand):
             for queue, counts in state.queues.items()
         ]
         out(table(header, rows) if rows else "  no jobs")
+        since = state.finished_since
+        if since is not None and state.finished_minutes < 60:
+            out(
+                f"  failed_last_hour, finished_last_hour: since {since:%H:%M %Z} only (the "
+                f"latest {state.finished_minutes} min): the hour held more than "
+                f"{inspection.QUEUE_ROWS_READ:,} finished jobs, as many as are read for "
+                "their queue"
+            )
 
     def render_blocked_keys(self, state: Snapshot) -> None:
         out = self.stdout.write
