@@ -136,6 +136,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--processes", type=int, default=2, help="run_jobs --processes (2)")
     parser.add_argument("--threads", type=int, default=8, help="run_jobs --threads (8)")
+    parser.add_argument(
+        "--prune-rest",
+        type=float,
+        default=0.0,
+        help="prune_jobs --rest for the prune phase (0: flat out, the command's default)",
+    )
     parser.add_argument("--drain-jobs", type=int, help="no-op jobs per drain (10,000; smoke 1,000)")
     parser.add_argument("--enqueue", type=int, help="jobs enqueued one by one (2,000; smoke 200)")
     options = parser.parse_args()
@@ -671,7 +677,8 @@ def prune_phase(
     """Drain alone, drain while PRUNE_COMMAND runs; once it has ended, at once, the hot
     paths again while autovacuum (InnoDB's purge) works on what it deleted."""
     jobs = sizes.drain
-    command = " ".join(PRUNE_COMMAND)
+    prune_command = (*PRUNE_COMMAND, "--rest", f"{OPTIONS.prune_rest:g}")
+    command = " ".join(prune_command)
     before = tp.drain(bench, jobs, lambda: bench.enqueue_many(jobs), log_dir, "before-prune")
     history_before = Job.objects.filter(pk__lte=bench.floor).count()
     prune: dict[str, Any] = {}
@@ -679,7 +686,7 @@ def prune_phase(
     def plant() -> None:
         prune["began"] = time.perf_counter()
         prune["proc"] = subprocess.Popen(
-            [sys.executable, str(tp.MANAGE), *PRUNE_COMMAND],
+            [sys.executable, str(tp.MANAGE), *prune_command],
             cwd=ROOT,
             env=tp.worker_environment(),
             stdout=subprocess.PIPE,
