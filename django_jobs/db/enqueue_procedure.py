@@ -23,18 +23,16 @@ not an edit that would change what replaying 0013 creates.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import DatabaseError, migrations
+from django.db import migrations
 from django.db.migrations.operations.base import Operation
+
+from django_jobs.db.procedures import NOT_ALLOWED, install_procedure, remove_procedure  # noqa: F401
 
 PROCEDURE = "django_jobs_enqueue_ready"
 SAVEPOINT = "django_jobs_enqueue"
-# The server's refusals for want of a privilege (access denied to the database, command
-# denied, privilege needed, SUPER needed with binary logging): the migration goes on.
-NOT_ALLOWED = (1044, 1142, 1227, 1419)
 # The ready row's columns, as the procedure's second INSERT writes them.
 READY_COLUMNS = ("job_id", "queue_name", "priority", "concurrency_key", "created_at")
 
@@ -101,27 +99,17 @@ END
 
 def create_procedure(apps, schema_editor) -> None:
     """The procedure (again), for the job table as it stands; MySQL/MariaDB only."""
-    if schema_editor.connection.vendor != "mysql":
-        return
-    try:
-        schema_editor.execute(f"DROP PROCEDURE IF EXISTS {PROCEDURE}")
-        schema_editor.execute(procedure_sql(apps, schema_editor))
-    except DatabaseError as exc:
-        if not exc.args or exc.args[0] not in NOT_ALLOWED:
-            raise
-        # The enqueue works without it, in four round trips instead of one.
-        logging.getLogger("django_jobs").warning(
-            "migration 0013: the database user may not create the procedure %s (%s); "
-            "single enqueues take four round trips instead of one (docs/deployment.md)",
-            PROCEDURE,
-            exc,
-        )
+    install_procedure(
+        schema_editor,
+        PROCEDURE,
+        lambda: procedure_sql(apps, schema_editor),
+        migration="0013",
+        without_it="single enqueues take four round trips instead of one",
+    )
 
 
 def drop_procedure(apps, schema_editor) -> None:
-    if schema_editor.connection.vendor != "mysql":
-        return
-    schema_editor.execute(f"DROP PROCEDURE IF EXISTS {PROCEDURE}")
+    remove_procedure(schema_editor, PROCEDURE)
 
 
 def follow_job_columns(*operations: Operation) -> list[Operation]:

@@ -30,15 +30,12 @@ Queue caps (``max_concurrency``) and ``prefix*`` patterns keep the statements' p
 as does a database user without CREATE ROUTINE (the migration warns and goes on).
 """
 
-import logging
+from django.db import migrations
 
-from django.db import DatabaseError, migrations
+from django_jobs.db.procedures import install_procedure, remove_procedure
 
 PROCEDURE = "django_jobs_claim_ready"
 SAVEPOINT = "django_jobs_claim"
-# The server's refusals for want of a privilege (access denied to the database, command
-# denied, privilege needed, SUPER needed with binary logging): the migration goes on.
-NOT_ALLOWED = (1044, 1142, 1227, 1419)
 # ReadyExecution's index in claim order (priority descending, then job id).
 CLAIM_ORDER_INDEX = "jobs_ready_order"
 # limits.MAX_SECONDS as it stands at this migration: the longest lease a row can ask for.
@@ -208,27 +205,17 @@ END
 
 
 def create_procedure(apps, schema_editor) -> None:
-    if schema_editor.connection.vendor != "mysql":
-        return
-    try:
-        schema_editor.execute(f"DROP PROCEDURE IF EXISTS {PROCEDURE}")
-        schema_editor.execute(procedure_sql(apps, schema_editor))
-    except DatabaseError as exc:
-        if not exc.args or exc.args[0] not in NOT_ALLOWED:
-            raise
-        # Claims work without it, in seven round trips instead of one.
-        logging.getLogger("django_jobs").warning(
-            "migration 0014: the database user may not create the procedure %s (%s); "
-            "claims take seven round trips instead of one (docs/deployment.md)",
-            PROCEDURE,
-            exc,
-        )
+    install_procedure(
+        schema_editor,
+        PROCEDURE,
+        lambda: procedure_sql(apps, schema_editor),
+        migration="0014",
+        without_it="claims take seven round trips instead of one",
+    )
 
 
 def drop_procedure(apps, schema_editor) -> None:
-    if schema_editor.connection.vendor != "mysql":
-        return
-    schema_editor.execute(f"DROP PROCEDURE IF EXISTS {PROCEDURE}")
+    remove_procedure(schema_editor, PROCEDURE)
 
 
 class Migration(migrations.Migration):

@@ -21,15 +21,12 @@ ascending by id (the order the claims are locked in); every join to a table by i
 its primary key, as in migration 0014.
 """
 
-import logging
+from django.db import migrations
 
-from django.db import DatabaseError, migrations
+from django_jobs.db.procedures import install_procedure, remove_procedure
 
 PROCEDURE = "django_jobs_finish_plain"
 SAVEPOINT = "django_jobs_finish"
-# The server's refusals for want of a privilege (access denied to the database, command
-# denied, privilege needed, SUPER needed with binary logging): the migration goes on.
-NOT_ALLOWED = (1044, 1142, 1227, 1419)
 
 
 def charset_of(schema_editor, table: str, name: str) -> str:
@@ -114,27 +111,17 @@ END
 
 
 def create_procedure(apps, schema_editor) -> None:
-    if schema_editor.connection.vendor != "mysql":
-        return
-    try:
-        schema_editor.execute(f"DROP PROCEDURE IF EXISTS {PROCEDURE}")
-        schema_editor.execute(procedure_sql(apps, schema_editor))
-    except DatabaseError as exc:
-        if not exc.args or exc.args[0] not in NOT_ALLOWED:
-            raise
-        # Finishes work without it, in five round trips instead of one.
-        logging.getLogger("django_jobs").warning(
-            "migration 0015: the database user may not create the procedure %s (%s); "
-            "finishes take five round trips instead of one (docs/deployment.md)",
-            PROCEDURE,
-            exc,
-        )
+    install_procedure(
+        schema_editor,
+        PROCEDURE,
+        lambda: procedure_sql(apps, schema_editor),
+        migration="0015",
+        without_it="finishes take five round trips instead of one",
+    )
 
 
 def drop_procedure(apps, schema_editor) -> None:
-    if schema_editor.connection.vendor != "mysql":
-        return
-    schema_editor.execute(f"DROP PROCEDURE IF EXISTS {PROCEDURE}")
+    remove_procedure(schema_editor, PROCEDURE)
 
 
 class Migration(migrations.Migration):
