@@ -55,7 +55,11 @@ def drop_online(model: type[models.Model], index: models.Index, schema_editor: A
         schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
     elif connection.vendor == "mysql":
         table = schema_editor.quote_name(model._meta.db_table)
-        schema_editor.execute(f"DROP INDEX {name} ON {table} ALGORITHM=INPLACE LOCK=NONE")
+        # ALTER TABLE, not DROP INDEX: MariaDB's DROP INDEX takes no ALGORITHM or LOCK
+        # (a syntax error on 10.11, which only a migration back found).
+        schema_editor.execute(
+            f"ALTER TABLE {table} DROP INDEX {name}, ALGORITHM=INPLACE, LOCK=NONE"
+        )
     else:
         schema_editor.remove_index(model, index)
 
