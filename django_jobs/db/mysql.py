@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, Error, connections, models
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from django_jobs.db import base, enqueue_procedure
 from django_jobs.db.base import RowT, column
@@ -61,6 +61,15 @@ class Features(base.Features):
 
 
 class Operations(base.Operations):
+    def prefix_condition(self, field: str, prefix: str) -> Q:
+        """``LIKE 'prefix%'`` in the column's collation, which its index serves: the prefix
+        matches without regard to case, as the column compares everywhere on MySQL and
+        MariaDB. ``startswith`` is ``LIKE BINARY``, which a case-insensitive column's index
+        cannot serve: a scan of the table, 3.2 s for a task path at 10M jobs
+        (bench/history.py); with both, a prefix in the wrong case walked every job the index
+        range held (15 s)."""
+        return Q(**{f"{field}__istartswith": prefix})
+
     def statement_timeout(self, db: str, seconds: float) -> AbstractContextManager[None]:
         return session_statement_timeout(db, seconds)
 
