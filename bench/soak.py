@@ -47,6 +47,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+# Seconds a SIGKILL may take to land after the time is read and it is sent: a body that
+# starts within them in the victim ended with it.
+KILL_LANDS_WITHIN = 0.5
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE_URLS = {
     "postgres": "postgres://postgres@127.0.0.1:5432/jobs_soak",
@@ -826,8 +829,10 @@ class Soak:
             if ends.get(key):
                 return start["t"], ends[key][0]["t"]
             killed_at = self.killed.get(start["pid"])
-            if killed_at is not None and killed_at >= start["t"]:  # not a reused pid
-                return start["t"], killed_at
+            # Read just before the SIGKILL, which lands a moment later: a body that started
+            # in between is the victim's (ended at its start); much later, a reused pid.
+            if killed_at is not None and start["t"] <= killed_at + KILL_LANDS_WITHIN:
+                return start["t"], max(killed_at, start["t"])
             job_id, attempt = key
             for failed_attempt, _, _, at in failures.get(job_id, []):
                 if failed_attempt == attempt:
