@@ -318,25 +318,40 @@ def queue_names_in_another_collation():
     procedure created over them, as migrate would have created it."""
     models = (ReadyExecution, Pause)
 
-    def alter(collation: str | None) -> None:
+    def alter(collations: dict[type, str]) -> None:
         for model in models:
             table = connection.ops.quote_name(model._meta.db_table)
             kind = model._meta.get_field("queue_name").db_type(connection)
-            collate = f" COLLATE {collation}" if collation else ""
             with connection.cursor() as cursor:
-                cursor.execute(f"ALTER TABLE {table} MODIFY queue_name {kind}{collate} NOT NULL")
+                cursor.execute(
+                    f"ALTER TABLE {table} MODIFY queue_name {kind} "
+                    f"COLLATE {collations[model]} NOT NULL"
+                )
         with connection.schema_editor() as editor:
             migration().create_procedure(ProjectState.from_apps(apps).apps, editor)
 
+    # Each column's own collation, restored after: migration 0018 made them binary, and
+    # putting back the database's default left later tests on the same worker comparing
+    # queue names without regard to case (tests/test_queue_case.py failed after this one).
+    current = {}
     with connection.cursor() as cursor:
-        cursor.execute("SELECT @@collation_database")
-        (default,) = cursor.fetchone()
-    other = "utf8mb4_unicode_ci" if default != "utf8mb4_unicode_ci" else "utf8mb4_bin"
-    alter(other)
+        for model in models:
+            cursor.execute(
+                "SELECT collation_name FROM information_schema.columns WHERE table_schema = "
+                "DATABASE() AND table_name = %s AND column_name = 'queue_name'",
+                [model._meta.db_table],
+            )
+            (current[model],) = cursor.fetchone()
+    alter(
+        {
+            model: "utf8mb4_unicode_ci" if collation != "utf8mb4_unicode_ci" else "utf8mb4_bin"
+            for model, collation in current.items()
+        }
+    )
     try:
         yield
     finally:
-        alter(default)
+        alter(current)
 
 
 def test_a_claim_of_named_queues_in_any_collation(queue_names_in_another_collation, worker):
