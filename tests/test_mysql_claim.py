@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from datetime import timedelta
 from importlib import import_module
 
@@ -35,6 +35,7 @@ from django_jobs.db.mysql import (
 )
 from django_jobs.models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution
 from tests import tasks
+from tests.mysql_columns import column_changed, column_definition
 from tests.rate_tasks import once_a_minute
 from tests.test_races import Runner, wait_for
 
@@ -238,17 +239,8 @@ def test_prefix_patterns_and_caps_take_the_statements_path(worker):
 def claimed_queue_names_of_three():
     """The claimed table's queue_name cut to 3 characters: the claims' INSERT fails for a
     longer one, after the jobs' UPDATE succeeded."""
-    table = connection.ops.quote_name(ClaimedExecution._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"ALTER TABLE {table} MODIFY queue_name VARCHAR(3) NOT NULL")
-    try:
+    with column_changed(ClaimedExecution, "queue_name", "VARCHAR(3) NOT NULL"):
         yield
-    finally:
-        field = ClaimedExecution._meta.get_field("queue_name")
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"ALTER TABLE {table} MODIFY queue_name {field.db_type(connection)} NOT NULL"
-            )
 
 
 @pytest.mark.parametrize("in_atomic", [False, True])
@@ -315,43 +307,23 @@ def test_without_the_procedure_the_statements_take_over(worker):
 def queue_names_in_another_collation():
     """The queue columns the claim compares in a collation that is not their character
     set's default (a database created with ``COLLATE utf8mb4_unicode_ci``), and the
-    procedure created over them, as migrate would have created it."""
-    models = (ReadyExecution, Pause)
+    procedure created over them, as migrate would have created it; after the test, the
+    columns as they were (binary since migration 0018) and the procedure over them."""
 
-    def alter(collations: dict[type, str]) -> None:
-        for model in models:
-            table = connection.ops.quote_name(model._meta.db_table)
-            kind = model._meta.get_field("queue_name").db_type(connection)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"ALTER TABLE {table} MODIFY queue_name {kind} "
-                    f"COLLATE {collations[model]} NOT NULL"
-                )
+    def create_procedure() -> None:
         with connection.schema_editor() as editor:
             migration().create_procedure(ProjectState.from_apps(apps).apps, editor)
 
-    # Each column's own collation, restored after: migration 0018 made them binary, and
-    # putting back the database's default left later tests on the same worker comparing
-    # queue names without regard to case (tests/test_queue_case.py failed after this one).
-    current = {}
-    with connection.cursor() as cursor:
-        for model in models:
-            cursor.execute(
-                "SELECT collation_name FROM information_schema.columns WHERE table_schema = "
-                "DATABASE() AND table_name = %s AND column_name = 'queue_name'",
-                [model._meta.db_table],
+    with ExitStack() as columns:
+        columns.callback(create_procedure)
+        for model in (ReadyExecution, Pause):
+            kind, _, _, collation = column_definition(model, "queue_name")
+            other = "utf8mb4_unicode_ci" if collation != "utf8mb4_unicode_ci" else "utf8mb4_bin"
+            columns.enter_context(
+                column_changed(model, "queue_name", f"{kind} COLLATE {other} NOT NULL")
             )
-            (current[model],) = cursor.fetchone()
-    alter(
-        {
-            model: "utf8mb4_unicode_ci" if collation != "utf8mb4_unicode_ci" else "utf8mb4_bin"
-            for model, collation in current.items()
-        }
-    )
-    try:
+        create_procedure()
         yield
-    finally:
-        alter(current)
 
 
 def test_a_claim_of_named_queues_in_any_collation(queue_names_in_another_collation, worker):

@@ -21,6 +21,7 @@ from django_jobs.db import ops
 from django_jobs.db.mysql import ENQUEUE_PROCEDURE, _procedure_fields
 from django_jobs.models import Job, JobStatus, ReadyExecution
 from tests import tasks
+from tests.mysql_columns import column_changed
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -147,17 +148,8 @@ def test_without_the_procedure_the_statements_take_over():
 def ready_queue_names_of_three():
     """The ready table's queue_name cut to 3 characters: the procedure's second INSERT
     fails for a longer one, after its first succeeded."""
-    table = connection.ops.quote_name(ReadyExecution._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"ALTER TABLE {table} MODIFY queue_name VARCHAR(3) NOT NULL")
-    try:
+    with column_changed(ReadyExecution, "queue_name", "VARCHAR(3) NOT NULL"):
         yield
-    finally:
-        field = ReadyExecution._meta.get_field("queue_name")
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"ALTER TABLE {table} MODIFY queue_name {field.db_type(connection)} NOT NULL"
-            )
 
 
 @pytest.mark.parametrize("in_atomic", [False, True])
