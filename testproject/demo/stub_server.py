@@ -31,7 +31,6 @@ class SlowServer:
     def __init__(self, delay: float) -> None:
         self.delay = delay
         self.port = 0
-        self.served = 0
         self.in_flight = 0
         self.peak = 0
         self.ready = threading.Event()
@@ -102,7 +101,6 @@ class SlowServer:
                 + body
             )
             await writer.drain()
-            self.served += 1
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             pass  # a client that went away or sent no request: nothing to answer
         finally:
