@@ -42,11 +42,13 @@ from django_jobs.observability.process_metadata import (
 from django_jobs.runtime.registration import capacity
 from tests import async_tasks
 from tests.factories import ProcessFactory
-from tests.harness import job_row, wait_until
+from tests.harness import REPO_ROOT, job_row, wait_until
 
 prometheus_client = pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from django_jobs.metrics.collector import families  # noqa: E402
 
 TOKEN = "loop-stalls-scrape-token"
 STALL_GAUGES = (
@@ -504,3 +506,9 @@ def test_a_job_that_blocks_the_loop_shows_as_a_stall_everywhere(run_jobs, settin
 
     proc.send(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
+
+
+def test_every_metric_is_a_row_of_the_docs_table():
+    page = (REPO_ROOT / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"^\| `(django_jobs_\w+)` \|", page, re.M))
+    assert {family.name for family in families().values()} == documented
