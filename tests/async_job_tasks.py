@@ -314,9 +314,9 @@ def sync_step(label: str) -> dict:
 
 @task
 async def cancels_itself() -> str:
-    task_ = asyncio.current_task()
-    assert task_ is not None
-    task_.cancel("cancelled by itself")
+    own = asyncio.current_task()
+    assert own is not None
+    own.cancel()
     await asyncio.sleep(1)
     return "not cancelled"
 
@@ -393,3 +393,22 @@ def slows_the_completer(seconds: float) -> str:
 
     completer.write_isolated = slow  # type: ignore[assignment]
     return "slowed"
+
+
+@task(takes_context=True, max_attempts=2)
+async def ignores_cancellation(context, seconds: float = 30.0) -> str:
+    """Catches its CancelledError and awaits on: only its process's exit ends it."""
+    await audit(context, "ignores")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            await asyncio.sleep(deadline - time.monotonic())
+        except asyncio.CancelledError:
+            pass
+    return "ran to the end"
+
+
+@task
+async def yields():
+    """An async generator function given as a task: not a coroutine function."""
+    yield 1

@@ -21,6 +21,7 @@ from django_jobs.models import (
     Job,
     JobStatus,
     Process,
+    ReadyExecution,
 )
 from django_jobs.runtime.worker import unrecorded_bound
 from testproject.demo.models import AuditEvent
@@ -31,6 +32,27 @@ from tests.harness import error_paths, job_row, wait_until
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
 
 PROCESS_DIED = "django_jobs.exceptions.ProcessDied"
+CANCELLED = "django_jobs.exceptions.JobCancelled"
+TERMINAL = {JobStatus.SUCCEEDED, JobStatus.FAILED}
+
+
+def settled(ids: list[int], timeout: float = 30.0) -> dict[int, Job]:
+    """Wait until every job of ``ids`` has ended; their rows."""
+
+    def ended() -> dict[int, Job] | None:
+        jobs = {job.pk: job for job in Job.objects.filter(pk__in=ids)}
+        done = len(jobs) == len(ids) and all(job.status in TERMINAL for job in jobs.values())
+        return jobs if done else None
+
+    return wait_until(ended, timeout, what=f"jobs {ids[:10]}... to end")
+
+
+def stop(proc) -> None:
+    """A graceful stop that leaves nothing claimed and no process row."""
+    proc.send(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()[-3000:]
+    assert ClaimedExecution.objects.count() == 0
+    assert Process.objects.count() == 0
 
 
 # --- a SIGKILL with 500 async jobs in flight --------------------------------------------------
@@ -143,3 +165,167 @@ def test_successes_the_completer_has_not_written_hold_their_slots_on_the_loop(ru
         f"{len(completed_twice)} (bound {bound})"
     )
     assert len(completed_twice) <= bound, sorted(completed_twice)
+
+
+# --- a graceful stop ----------------------------------------------------------------------------
+
+WORKER_SHUTDOWN = "django_jobs.exceptions.WorkerShutdown"
+
+
+def test_a_graceful_stop_lets_async_jobs_finish_and_interrupts_the_rest_in_time(run_jobs, tmp_path):
+    """60 slots, all taken: 40 jobs that finish once told to (the test tells them just
+    after SIGTERM), 19 that await 60 s, one that ignores its CancelledError; 30 more wait
+    in the queue. shutdown_timeout 2 s, interrupt_grace 3 s. The 40 succeed (the stop let
+    them finish), the 19 are interrupted at the deadline (WorkerShutdown, to be retried),
+    the waiting 30 were never claimed, and the one that ignores its cancellation is left
+    to recovery when its process exits, shutdown_timeout + interrupt_grace after the
+    signal: the process does not wait for it any longer, nor stop sooner."""
+    flag = tmp_path / "go"
+    finishing = [at.waits_for.using(priority=10).enqueue(str(flag)) for _ in range(40)]
+    interrupted = [at.sleeps.using(priority=10).enqueue(60) for _ in range(19)]
+    stubborn = at.ignores_cancellation.using(priority=10).enqueue()
+    waiting = [at.canary.using(priority=-10).enqueue() for _ in range(30)]
+    timeout, grace = 2.0, 3.0
+    proc = run_jobs(
+        "--processes",
+        "1",
+        "--threads",
+        "2",
+        "--async-jobs",
+        "60",
+        env={"JOBS_SHUTDOWN_TIMEOUT": str(timeout), "JOBS_INTERRUPT_GRACE": str(grace)},
+    )
+    wait_until(lambda: AuditEvent.objects.count() == 60, 30, what="60 bodies started")
+    began = time.monotonic()
+    proc.send(signal.SIGTERM)
+    # The worker child has stopped claiming (its supervisor asked it to): the 40 end now,
+    # and the slots they free take none of the waiting 30.
+    proc.wait_for_output("asked by the supervisor")
+    flag.touch()
+    assert proc.wait(30) == 0, proc.output()[-3000:]
+    took = time.monotonic() - began
+
+    jobs = {job.pk: job for job in Job.objects.all()}
+    for result in finishing:
+        job = jobs[int(result.id)]
+        assert (job.status, job.attempts, job.return_value) == (JobStatus.SUCCEEDED, 1, LOOP_THREAD)
+    for result in interrupted:
+        job = jobs[int(result.id)]
+        assert job.status in {JobStatus.READY, JobStatus.SCHEDULED} and job.attempts == 1
+        assert error_paths(result) == [WORKER_SHUTDOWN]
+        message = FailedExecution.objects.get(job_id=job.pk).message
+        assert message.startswith("interrupted: still running after the 2s shutdown timeout")
+    for result in waiting:
+        assert (jobs[int(result.id)].status, jobs[int(result.id)].attempts) == (JobStatus.READY, 0)
+    left = jobs[int(stubborn.id)]
+    assert left.attempts == 1 and left.status in {JobStatus.READY, JobStatus.SCHEDULED}
+    assert error_paths(stubborn) == [PROCESS_DIED]
+    message = FailedExecution.objects.get(job_id=left.pk).message
+    assert "exited: the job could not be interrupted" in message, message
+    assert timeout + grace <= took < timeout + grace + 4, took
+    assert ClaimedExecution.objects.count() == 0
+    assert Process.objects.count() == 0
+
+
+# --- bad input: jobs that attack the loop ---------------------------------------------------------
+
+ASYNC_CANCELLED = "asyncio.exceptions.CancelledError"
+# What a worker's output shows when a thread of it died or it gave up on itself.
+DEAD_THREAD_SIGNS = ("Exception in thread", "cannot go on", "the completer stopped")
+
+
+def assert_still_serving(proc) -> None:
+    """An async job and a sync job enqueued now succeed, on the loop and on a thread; the
+    process is alive and no thread of it died."""
+    on_loop, on_thread = at.canary.enqueue(), at.sync_step.enqueue("after")
+    jobs = settled([int(on_loop.id), int(on_thread.id)])
+    assert jobs[int(on_loop.id)].return_value == LOOP_THREAD
+    assert jobs[int(on_thread.id)].return_value["thread"].startswith("django-jobs-worker")
+    assert proc.proc.poll() is None
+    output = proc.output()
+    for sign in DEAD_THREAD_SIGNS:
+        assert sign not in output, output[-3000:]
+
+
+def test_jobs_that_attack_the_loop_end_with_a_clear_error_and_the_process_serves_on(
+    run_jobs, tmp_path
+):
+    """Among 20 siblings awaiting on the same loop: a job that cancels its own asyncio
+    task, one that cancels its own job, one that closes the loop, one that stops it, one
+    that sets another loop as its thread's, one that returns a coroutine (unstorable), an
+    async generator given as a task, and two jobs whose rows say the other lane. Each
+    ends alone, saying why; the siblings succeed; the process serves on.
+
+    Before: the self-cancel was recorded as a bare CancelledError with an empty message,
+    the stop succeeded (the loop halted every async job until the lane ran it again), and
+    the async generator failed as an unstorable return value."""
+    flag = tmp_path / "go"
+    siblings = [at.waits_for.enqueue(str(flag)) for _ in range(20)]
+    wait_until_running = [int(r.id) for r in siblings]
+    proc = run_jobs("--processes", "1", "--threads", "2")
+    wait_until(
+        lambda: AuditEvent.objects.filter(job_id__in=wait_until_running).count() == 20,
+        30,
+        what="the siblings awaiting",
+    )
+    bad = {
+        name: getattr(at, name).enqueue()
+        for name in (
+            "cancels_itself",
+            "cancels_its_job",
+            "closes_the_loop",
+            "stops_the_loop",
+            "replaces_the_loop",
+            "returns_a_coroutine",
+            "yields",
+        )
+    }
+    # A deploy changed the task's kind between enqueue and run: the row says the other lane.
+    bad["says_async"] = at.sync_step.enqueue("says async")
+    bad["says_sync"] = at.canary.enqueue()
+    for name, is_async in (("says_async", True), ("says_sync", False)):
+        Job.objects.filter(pk=bad[name].id).update(is_async=is_async)
+        ReadyExecution.objects.filter(job_id=bad[name].id).update(is_async=is_async)
+    jobs = settled([int(result.id) for result in bad.values()])
+
+    def failure(name: str) -> tuple[str, str]:
+        job = jobs[int(bad[name].id)]
+        assert (job.status, job.attempts) == (JobStatus.FAILED, 1), name
+        row = FailedExecution.objects.get(job_id=job.pk)
+        return row.exception_class_path, row.message
+
+    assert failure("cancels_itself") == (
+        ASYNC_CANCELLED,
+        "the job's asyncio task was cancelled by the job itself or code it called, not by "
+        "django-jobs (no cancel(), timeout or shutdown)",
+    )
+    path, message = failure("cancels_its_job")
+    assert path == CANCELLED and message.startswith("cancelled (ran "), message
+    assert failure("closes_the_loop") == (
+        "builtins.RuntimeError",
+        "Cannot close a running event loop",
+    )
+    assert failure("stops_the_loop") == (
+        "builtins.RuntimeError",
+        "a job must not stop the event loop of async jobs: it runs every async job of this "
+        "worker process",
+    )
+    assert jobs[int(bad["replaces_the_loop"].id)].return_value == LOOP_THREAD
+    path, message = failure("returns_a_coroutine")
+    assert path == "django_jobs.exceptions.ResultNotStored" and "coroutine" in message
+    assert failure("yields") == (
+        "builtins.TypeError",
+        "tests.async_job_tasks.yields is an async generator function: a task must be a "
+        "coroutine function (async def ... return), not one that yields",
+    )
+    says_async = jobs[int(bad["says_async"].id)].return_value
+    assert says_async["thread"].startswith("django-jobs-worker")
+    assert jobs[int(bad["says_sync"].id)].return_value == LOOP_THREAD
+
+    # The loop went on under all of it: the siblings still await, then succeed.
+    assert Job.objects.filter(pk__in=wait_until_running, status=JobStatus.RUNNING).count() == 20
+    flag.touch()
+    assert {job.return_value for job in settled(wait_until_running).values()} == {LOOP_THREAD}
+    assert "a job stopped the event loop" not in proc.output()
+    assert_still_serving(proc)
+    stop(proc)

@@ -106,7 +106,7 @@ def conclude(attempt: Attempt, ctx: ExecutionContext, outcome: BodyOutcome) -> N
         control = attempt.control
         try:
             if outcome.raised is not None:
-                raise outcome.raised
+                raise own_cancellation(outcome.raised, control)
             if control is not None and control.cancelled:
                 # It saw cancel_requested() and returned: cancelled all the same.
                 raise control.exception()
@@ -117,6 +117,23 @@ def conclude(attempt: Attempt, ctx: ExecutionContext, outcome: BodyOutcome) -> N
         attempt.succeed(ctx, value)
     finally:
         close_old_connections()
+
+
+def own_cancellation(raised: BaseException, control: Control | None) -> BaseException:
+    """What the body raised; a ``CancelledError`` that no cancel request, timeout or
+    shutdown of ours sent (the job cancelled its own task, or code it called did) said
+    so: its message alone was empty, or whatever the code that cancelled it wrote."""
+    if not isinstance(raised, asyncio.CancelledError):
+        return raised
+    if control is not None and control.reason is not None:
+        return raised
+    said = str(raised)
+    clear = asyncio.CancelledError(
+        "the job's asyncio task was cancelled by the job itself or code it called, not by "
+        "django-jobs (no cancel(), timeout or shutdown)" + (f": {said}" if said else "")
+    )
+    clear.__cause__ = raised
+    return clear
 
 
 def settle_and_close(job: Job, ctx: ExecutionContext, exc: Exception) -> None:

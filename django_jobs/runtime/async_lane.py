@@ -42,6 +42,10 @@ class AsyncLane:
         self.ctx = ctx
         self.slots = slots
         self.loop = asyncio.new_event_loop()
+        # A job may not stop the loop every async job of the process runs on: its call
+        # raises in the job (docs/tasks.md, "Async jobs").
+        self.stop_loop = self.loop.stop
+        setattr(self.loop, "stop", self.refuse_stop_from_tasks)  # noqa: B010 (a method)
         self.thread = threading.Thread(target=self.serve, name="django-jobs-async", daemon=True)
         self.executors = [
             ThreadPoolExecutor(1, thread_name_prefix=f"django-jobs-async-orm-{i}")
@@ -74,6 +78,20 @@ class AsyncLane:
             if self.closing:
                 break
             logger.warning("a job stopped the event loop of async jobs; it runs again")
+
+    def refuse_stop_from_tasks(self) -> None:
+        """``loop.stop()``, refused inside a task (a job's body, or a task it made), let
+        through from a callback (this lane's own :meth:`stop`, asyncio's internals).
+
+        A job that stopped the loop would hold up every other async job of the process
+        until :meth:`serve` ran it again, and it would succeed as if nothing had
+        happened; now its call raises, and the job fails saying why."""
+        if asyncio.current_task(self.loop) is not None:
+            raise RuntimeError(
+                "a job must not stop the event loop of async jobs: it runs every async job "
+                "of this worker process"
+            )
+        self.stop_loop()
 
     def free(self) -> int:
         """How many more async jobs this lane takes now."""
@@ -108,7 +126,7 @@ class AsyncLane:
             self.monitor.stop()
         self.closing = True
         try:
-            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.loop.call_soon_threadsafe(self.stop_loop)
         except RuntimeError:  # already closed
             pass
         if wait:

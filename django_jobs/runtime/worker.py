@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from inspect import isasyncgenfunction
 
 from django.db import close_old_connections
 from django.db.models import Q
@@ -43,11 +44,13 @@ def importable(job: Job) -> bool:
 
 def runs_async(job: Job) -> bool:
     """An ``async def`` task's job; one whose task cannot be imported goes to a thread,
-    which fails it."""
+    which fails it. An async generator function's job goes to the lane too, which fails
+    it saying so (a thread failed it for returning an unstorable ``async_generator``)."""
     try:
-        return is_async(load_task(job.task_path))
+        task = load_task(job.task_path)
     except TaskNotFound:
         return False
+    return is_async(task) or isasyncgenfunction(task.func)
 
 
 class Worker:
