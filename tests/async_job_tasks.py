@@ -279,6 +279,16 @@ async def uses_the_orm(context, mode: str) -> int:
     return seen
 
 
+@task
+def sync_uses_the_orm(n: int) -> int:
+    """A sync job's queries, on its worker thread (that thread's connection)."""
+    AuditEvent.objects.create(
+        job_id=n, key="orm-sync", limit=1, attempt=1, pid=os.getpid(), started=time.time()
+    )
+    time.sleep(0.02)
+    return AuditEvent.objects.filter(key="orm-sync").count()
+
+
 # --- the SIGKILL test's jobs ------------------------------------------------------------------
 
 
@@ -295,9 +305,11 @@ async def audited_wait(context, seconds: float) -> str:
 
 
 @task
-async def blocks_the_loop(seconds: float) -> dict:
-    """The mistake the loop monitor finds: ``time.sleep`` in an async body."""
+async def blocks_the_loop(seconds: float, flag: str) -> dict:
+    """The mistake the loop monitor finds: ``time.sleep`` in an async body. It creates
+    ``flag`` as its stall begins (a sync job waits for it)."""
     began = time.time()
+    Path(flag).touch()
     time.sleep(seconds)
     return {"began": began, "ended": time.time(), "thread": here()}
 
@@ -307,6 +319,15 @@ def sync_step(label: str) -> dict:
     """A sync job (a worker thread runs it)."""
     time.sleep(0.05)
     return {"label": label, "at": time.time(), "thread": here()}
+
+
+@task
+def sync_when(flag: str) -> dict:
+    """A sync job that waits (on its thread) for ``flag``, then returns when it saw it."""
+    deadline = time.monotonic() + 30
+    while not Path(flag).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {"saw": time.time(), "thread": here()}
 
 
 # --- bad input --------------------------------------------------------------------------------

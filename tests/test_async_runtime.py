@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -329,3 +330,164 @@ def test_jobs_that_attack_the_loop_end_with_a_clear_error_and_the_process_serves
     assert "a job stopped the event loop" not in proc.output()
     assert_still_serving(proc)
     stop(proc)
+
+
+# --- a body that blocks the loop ------------------------------------------------------------------
+
+
+def test_a_body_that_blocks_the_loop_is_named_counted_and_stalls_nothing_else(run_jobs, tmp_path):
+    """An async body calls ``time.sleep(2)``. The worker logs the stall naming the job's id
+    and task path as it happens, and again when the loop runs again; the process row's
+    metadata counts it. Meanwhile a sync job on a thread finishes (its success recorded
+    during the stall) and the heartbeat goes on (0.5 s here): only the loop was held."""
+    flag = tmp_path / "stalled"
+    waiting = at.sync_when.enqueue(str(flag))
+    proc = run_jobs("--processes", "1", "--threads", "2")
+    wait_until(lambda: job_row(waiting).status == JobStatus.RUNNING, 20, what="the sync job")
+    blocker = at.blocks_the_loop.enqueue(2.0, str(flag))
+    beats: set = set()
+
+    def blocker_done() -> bool:
+        beat = Process.objects.filter(kind="worker").values_list("last_heartbeat_at", flat=True)
+        beats.update(beat)
+        return job_row(blocker).status == JobStatus.SUCCEEDED
+
+    wait_until(blocker_done, 30, interval=0.05, what="the blocking job to end")
+    stall = job_row(blocker).return_value
+    assert stall["thread"] == LOOP_THREAD
+    began, ended = stall["began"], stall["ended"]
+    assert ended - began >= 2.0
+
+    sync = job_row(waiting)
+    assert sync.status == JobStatus.SUCCEEDED
+    assert sync.return_value["thread"].startswith("django-jobs-worker")
+    assert began <= sync.return_value["saw"] < ended
+    assert began < sync.finished_at.timestamp() < ended, "its success waited for the loop"
+    during = sorted(beat.timestamp() for beat in beats if began < beat.timestamp() < ended)
+    assert len(during) >= 2, (began, ended, sorted(beat.timestamp() for beat in beats))
+
+    where = f"job {blocker.id} (tests.async_job_tasks.blocks_the_loop)"
+    proc.wait_for_output("runs again after ")
+    output = proc.output()
+    assert "has been blocked for " in output and f"s by {where}: every other async job" in output
+    assert f"blocked by {where}" in output
+    metadata = wait_until(
+        lambda: (row := Process.objects.get(kind="worker").metadata).get("loop_stalls") and row,
+        10,
+        what="the stall counted in the process row",
+    )
+    assert metadata["loop_stalls"] == 1
+    assert 1.5 <= metadata["loop_stalled_seconds"] <= ended - began + 0.5
+    stop(proc)
+
+
+# --- the ORM inside async jobs: connections ------------------------------------------------------
+
+ORM_JOBS, ORM_THREADS_DEFAULT, SYNC_THREADS = 1000, 4, 3
+
+
+def db_connections(pid: int, port: int) -> int:
+    """The TCP connections process ``pid`` holds open to the database's ``port``: its
+    socket descriptors matched against the kernel's table of its network namespace."""
+    inodes = set()
+    try:
+        descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return 0
+    for descriptor in descriptors:
+        try:
+            target = os.readlink(descriptor)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    count = 0
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            remote, state, inode = fields[2], fields[3], fields[9]
+            established = state == "01"
+            if established and inode in inodes and int(remote.rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
+
+
+def server_connections() -> int:
+    """Connections to the test database, this test's own aside (pg_stat_activity)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
+# The worker process's own connections besides its threads' and its ORM threads': the claim
+# loop, the completer, the watchdog, the heartbeat, LISTEN (PostgreSQL), the progress writer
+# and the loop monitor (each on first use).
+RUNTIME_CONNECTIONS = 7
+# asyncio's default executor size, which the lane's ClosingPool keeps.
+POOL_THREADS = min(32, (os.cpu_count() or 1) + 4)
+
+
+@pytest.mark.parametrize("mode", ["default", "unsensitive"])
+def test_1000_async_jobs_using_the_orm_leave_no_connection_behind(run_jobs, figure, mode):
+    """1,000 async jobs, each an ``acreate``, an ``aget``, an ``async for`` and a write
+    through ``sync_to_async`` (``mode``: thread-sensitive as by default, or
+    ``thread_sensitive=False``), and 50 sync jobs querying on the threads, through one
+    worker process (3 threads, 4 ORM threads, 200 slots). Its connections are counted
+    from its own sockets 50 times a second; pg_stat_activity counts every connection to
+    the test database. The worker never holds more than threads + async_orm_threads + 7
+    (its runtime threads'); with ``thread_sensitive=False``, calls in flight on the loop's
+    pool may add one each, and none stays open once they have returned. Once it stops,
+    the server has the connections it had before it started.
+
+    Before the lane's ClosingPool, asyncio's default executor kept a connection open in
+    each of its threads that had run a query: 18 for the worker after the jobs (bound 14)
+    on 2 CPUs, up to 32 more on a large machine."""
+    if connection.vendor != "postgresql":
+        pytest.skip("pg_stat_activity: PostgreSQL's")
+    port = int(connection.settings_dict.get("PORT") or 5432)
+    before = server_connections()
+    proc = run_jobs("--processes", "1", "--threads", str(SYNC_THREADS))
+    worker = wait_until(lambda: Process.objects.filter(kind="worker").first(), 20, what="worker")
+    wait_until(lambda: db_connections(worker.pid, port) > 0, 20, what="the worker connected")
+    idle = db_connections(worker.pid, port)
+    calls = [(at.uses_the_orm, [mode], {}) for _ in range(ORM_JOBS)]
+    for n in range(50):
+        calls.insert(n * 20, (at.sync_uses_the_orm, [n], {}))
+    bulk_enqueue(calls)
+    samples: list[int] = []
+
+    def done() -> bool:
+        samples.append(db_connections(worker.pid, port))
+        return Job.objects.filter(status=JobStatus.SUCCEEDED).count() == len(calls)
+
+    began = time.monotonic()
+    wait_until(done, 180, interval=0.02, what="the 1,050 jobs to succeed")
+    took = time.monotonic() - began
+    after = db_connections(worker.pid, port)
+    tree = sum(db_connections(pid, port) for pid in [proc.pid, *proc.tree()])
+    server = server_connections() - before
+    assert AuditEvent.objects.filter(key="orm", ended__isnull=False).count() == ORM_JOBS
+    assert AuditEvent.objects.filter(key="orm-sync").count() == 50
+    stop(proc)
+    wait_until(lambda: server_connections() == before, 10, what="every connection closed")
+    budget = SYNC_THREADS + ORM_THREADS_DEFAULT + RUNTIME_CONNECTIONS
+    figure(
+        f"async ORM connections[{mode}] 1,000 async + 50 sync jobs in {took:.1f}s, worker "
+        f"--threads {SYNC_THREADS}, async_orm_threads {ORM_THREADS_DEFAULT}: idle={idle} "
+        f"peak={max(samples)} after the jobs={after} (budget {budget}"
+        f"{f' + pool {POOL_THREADS} in flight' if mode == 'unsensitive' else ''}; "
+        f"{len(samples)} samples); whole run_jobs tree={tree}, pg_stat_activity={server}; "
+        f"after stop: {server_connections() - before}"
+    )
+    # The sockets counted are the server's connections: the method is sound.
+    assert tree == server
+    assert after <= budget
+    in_flight = POOL_THREADS if mode == "unsensitive" else 0
+    assert max(samples) <= budget + in_flight, samples

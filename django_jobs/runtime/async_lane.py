@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+from django.db import connections
 
 from django_jobs.models import Job
 from django_jobs.runtime.async_executor import execute_async_job
@@ -51,6 +54,10 @@ class AsyncLane:
             ThreadPoolExecutor(1, thread_name_prefix=f"django-jobs-async-orm-{i}")
             for i in range(orm_threads)
         ]
+        # The loop's default executor: ``sync_to_async(thread_sensitive=False)`` and
+        # ``run_in_executor(None, ...)`` of the jobs.
+        self.pool = ClosingPool(thread_name_prefix="django-jobs-async-pool")
+        self.loop.set_default_executor(self.pool)
         # Jobs on each ORM thread (read and written on the loop only).
         self.load = [0] * orm_threads
         self.lock = threading.Lock()
@@ -131,5 +138,27 @@ class AsyncLane:
             pass
         if wait:
             self.thread.join(5.0)
-        for executor in self.executors:
+        for executor in [*self.executors, self.pool]:
             executor.shutdown(wait=wait, cancel_futures=True)
+
+
+class ClosingPool(ThreadPoolExecutor):
+    """A thread pool whose every call closes the database connections it opened.
+
+    asyncio's own default executor keeps up to ``min(32, CPUs + 4)`` threads, and each one
+    that ran a query for a job (``sync_to_async(thread_sensitive=False)``) kept its
+    connection open for ``CONN_MAX_AGE``, idle, as long as the process lived: 6 more
+    connections on 2 CPUs, 32 on a large machine, beyond the lane's budget of
+    ``async_orm_threads`` (tests/test_async_runtime.py). Closed after each call, such a
+    connection lives only while its query runs; the ORM belongs on the job's ORM thread
+    (``thread_sensitive=True``, the default), where connections are reused."""
+
+    def submit[T](self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        return super().submit(closing_connections, fn, *args, **kwargs)
+
+
+def closing_connections[T](fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        connections.close_all()
