@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from hypothesis import given
+from hypothesis import strategies as st
 
 from django_jobs import bulk_enqueue
 from django_jobs.models import (
@@ -25,10 +27,13 @@ from django_jobs.models import (
     ReadyExecution,
 )
 from django_jobs.runtime.worker import unrecorded_bound
+from django_jobs.tasks.serialization import json_return_value
 from testproject.demo.models import AuditEvent
 from tests import async_job_tasks as at
 from tests.async_job_tasks import LOOP_THREAD
 from tests.harness import error_paths, job_row, wait_until
+from tests.hostile_tasks import decoded
+from tests.test_fault_isolation import PROPERTY, encode, hostile_values, last_failure, same_json
 
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
 
@@ -491,3 +496,60 @@ def test_1000_async_jobs_using_the_orm_leave_no_connection_behind(run_jobs, figu
     assert after <= budget
     in_flight = POOL_THREADS if mode == "unsensitive" else 0
     assert max(samples) <= budget + in_flight, samples
+
+
+# --- fault isolation: whatever an async job returns or raises ends that job only ------------------
+
+
+@pytest.fixture
+def one_worker(run_jobs):
+    """One worker for every example of a property test: started at the first call."""
+    started: list = []
+
+    def start():
+        if not started:
+            started.append(run_jobs("--processes", "1", "--threads", "2"))
+        return started[0]
+
+    return start
+
+
+@PROPERTY
+@given(values=st.lists(hostile_values, min_size=1, max_size=5))
+def test_any_return_value_of_an_async_job_ends_it_in_a_defined_state(one_worker, values):
+    """tests/test_fault_isolation.py's values, returned by an async body: stored as
+    returned, or the job failed with ResultNotStored for a cause that is real; an async
+    and a sync job enqueued after succeed."""
+    worker = one_worker()
+    results = [at.returns_encoded.enqueue(encode(value)) for value in values]
+    jobs = settled([int(result.id) for result in results])
+    for value, result in zip(values, results, strict=True):
+        job = jobs[int(result.id)]
+        try:
+            expected = json_return_value(decoded(encode(value)), "default")
+        except Exception:
+            storable, expected = False, None
+        else:
+            storable = True
+        if job.status == JobStatus.SUCCEEDED:
+            assert storable, (value, job.return_value)
+            assert same_json(job.return_value, expected), (job.return_value, expected)
+        else:
+            failure = last_failure(job.pk)
+            assert failure.exception_class_path == "django_jobs.exceptions.ResultNotStored"
+            assert failure.message.startswith(("the return value", "the database refused"))
+    assert_still_serving(worker)
+
+
+@PROPERTY
+@given(values=st.lists(hostile_values, min_size=1, max_size=4))
+def test_any_exception_of_an_async_job_is_recorded_and_ends_it(one_worker, values):
+    worker = one_worker()
+    results = [at.raises_encoded.enqueue(encode(value)) for value in values]
+    jobs = settled([int(result.id) for result in results])
+    for job in jobs.values():
+        assert job.status == JobStatus.FAILED
+        failure = last_failure(job.pk)
+        assert failure.exception_class_path == "builtins.ValueError"
+        assert "\x00" not in failure.message and len(failure.message) <= 2000
+    assert_still_serving(worker)
