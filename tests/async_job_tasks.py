@@ -151,7 +151,7 @@ async def sleeps(context, seconds: float = 60.0) -> str:
     return "slept"
 
 
-@task(takes_context=True, max_attempts=2, timeout=1)
+@task(takes_context=True, max_attempts=2, backoff=0, timeout=1)
 async def past_its_timeout(context) -> str:
     event = await audit(context, "timeout")
     try:
