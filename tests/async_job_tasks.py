@@ -314,6 +314,18 @@ async def blocks_the_loop(seconds: float, flag: str) -> dict:
     return {"began": began, "ended": time.time(), "thread": here()}
 
 
+async def hold_the_loop(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@task
+async def blocks_in_a_gathered_task(seconds: float) -> list:
+    """The same mistake in a fan-out: ``gather`` runs each coroutine in a task of its own,
+    not the body's."""
+    return list(await asyncio.gather(hold_the_loop(seconds), asyncio.sleep(0.01)))
+
+
 @task
 def sync_step(label: str) -> dict:
     """A sync job (a worker thread runs it)."""

@@ -386,6 +386,23 @@ def test_a_body_that_blocks_the_loop_is_named_counted_and_stalls_nothing_else(ru
     stop(proc)
 
 
+def test_a_task_a_body_made_that_blocks_the_loop_is_named_as_that_job(run_jobs):
+    """``asyncio.gather`` runs its coroutines as tasks of their own: the one holding the
+    loop is not the body's task, yet the stall is the job's, named in the log. Before, it
+    was "blocked for 1.0s by no job (the worker's own code)"."""
+    proc = run_jobs("--processes", "1", "--threads", "2")
+    result = at.blocks_in_a_gathered_task.enqueue(1.5)
+    settled([int(result.id)])
+    assert job_row(result).return_value == [1.5, None]
+    where = f"job {result.id} (tests.async_job_tasks.blocks_in_a_gathered_task)"
+    proc.wait_for_output("runs again after ")
+    output = proc.output()
+    assert f"s by {where}: every other async job" in output, output[-3000:]
+    assert f"blocked by {where}" in output
+    assert "the worker's own code" not in output
+    stop(proc)
+
+
 # --- the ORM inside async jobs: connections ------------------------------------------------------
 
 ORM_JOBS, ORM_THREADS_DEFAULT, SYNC_THREADS = 1000, 4, 3
