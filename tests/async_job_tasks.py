@@ -445,3 +445,17 @@ async def ignores_cancellation(context, seconds: float = 30.0) -> str:
 async def yields():
     """An async generator function given as a task: not a coroutine function."""
     yield 1
+
+
+def sleep_after_flag(seconds: float, flag: str) -> None:
+    Path(flag).touch()
+    time.sleep(seconds)
+
+
+@task
+async def blocks_an_orm_thread(seconds: float, flag: str) -> float:
+    """Blocking work done as the loop monitor's log line advises: through sync_to_async
+    (thread-sensitive, the default: on the job's ORM thread). ``flag`` is created as the
+    blocking call begins."""
+    await sync_to_async(sleep_after_flag)(seconds, flag)
+    return seconds

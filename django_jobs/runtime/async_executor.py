@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, cast
 
-from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from asgiref.sync import ThreadSensitiveContext
 from django.db import close_old_connections
 from django.tasks import TaskContext
 
@@ -37,17 +35,12 @@ from django_jobs.models import Job
 from django_jobs.observability.tracing import execution_scope, execution_span
 from django_jobs.runtime.context import ExecutionContext
 from django_jobs.runtime.executor import Attempt, begin_attempt, settle_after_error
+from django_jobs.runtime.orm_threads import OrmThreads
 from django_jobs.runtime.watchdog import Control
 from django_jobs.tasks.serialization import json_return_value
 from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.worker")
-
-
-def on_orm_thread[T](func: Callable[..., T]) -> Callable[..., Awaitable[T]]:
-    """``func`` run on the job's ORM thread (the executor of the current
-    ``ThreadSensitiveContext``), with the job's context variables."""
-    return sync_to_async(func, thread_sensitive=True)
 
 
 @dataclass
@@ -61,31 +54,35 @@ class BodyOutcome:
 async def execute_async_job(
     job: Job,
     ctx: ExecutionContext,
-    executor: Executor,
+    threads: OrmThreads,
     *,
     started: bool = False,
     bodies: dict[asyncio.Task[Any], Job] | None = None,
 ) -> None:
     """Start (unless the claim did), run and finalise ``job`` on the running loop; never
-    raises. ``executor``: the job's ORM thread. ``bodies``: where the body's task is
+    raises. ``threads``: the lane's ORM threads (the job's own calls go to one of them,
+    the steps around its body to the least busy). ``bodies``: where the body's task is
     registered while it runs (the lane's loop monitor names the job that blocks it).
 
-    Two trips to the ORM thread per job, one before the body and one after: each trip is
+    Two trips to an ORM thread per job, one before the body and one after: each trip is
     a thread switch, and at hundreds of jobs a second they were what bounded the lane."""
-    async with ThreadSensitiveContext(executor=executor):
-        with execution_scope(job):
-            attempt: Attempt | None = None
-            try:
-                attempt = await on_orm_thread(begin_fresh)(job, ctx, started)
-                if attempt is None:
-                    return
-                outcome = await run_body(attempt, ctx, bodies)
-                await on_orm_thread(conclude)(attempt, ctx, outcome)
-            except Exception as exc:
-                # A bug of ours, or an outcome the database refused: the job must not stay
-                # claimed by a live process forever.
-                logger.exception("internal error while running job %s", job.pk)
-                await on_orm_thread(settle_and_close)(job, ctx, exc)
+    own = threads.for_job()
+    try:
+        async with ThreadSensitiveContext(executor=own):
+            with execution_scope(job):
+                try:
+                    attempt = await threads.call(begin_fresh, job, ctx, started)
+                    if attempt is None:
+                        return
+                    outcome = await run_body(attempt, ctx, bodies)
+                    await threads.call(conclude, attempt, ctx, outcome)
+                except Exception as exc:
+                    # A bug of ours, or an outcome the database refused: the job must not
+                    # stay claimed by a live process forever.
+                    logger.exception("internal error while running job %s", job.pk)
+                    await threads.call(settle_and_close, job, ctx, exc)
+    finally:
+        own.release()
 
 
 def begin_fresh(job: Job, ctx: ExecutionContext, started: bool) -> Attempt | None:

@@ -7,9 +7,12 @@ waiting job. The worker's one claim loop feeds both (``Worker.capacity``); this 
 runs what it is given and says how many more it can take.
 
 The loop runs in a thread of its own. The synchronous steps of each job (its start, its
-outcome, its ORM calls) run on one of ``orm_threads`` threads, each with its own database
-connection, handed out to jobs least-busy first: the connection budget of the lane is
-``orm_threads``, however many jobs are in flight (docs/running.md, "Connections").
+outcome, its ORM calls) run on ``orm_threads`` threads, each with its own database
+connection (``runtime/orm_threads.py``: a job's own calls on one of them, the steps
+around its body on the least busy): the connection budget of the lane is
+``orm_threads``, however many jobs are in flight (docs/running.md, "Connections"). A
+job's ``sync_to_async(thread_sensitive=False)`` calls run on the loop's default
+executor, whose calls close the connections they open (:class:`ClosingPool`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from django_jobs.models import Job
 from django_jobs.runtime.async_executor import execute_async_job
 from django_jobs.runtime.context import ExecutionContext
 from django_jobs.runtime.loop_monitor import LoopMonitor
+from django_jobs.runtime.orm_threads import OrmThreads
 from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.worker")
@@ -50,16 +54,11 @@ class AsyncLane:
         self.stop_loop = self.loop.stop
         setattr(self.loop, "stop", self.refuse_stop_from_tasks)  # noqa: B010 (a method)
         self.thread = threading.Thread(target=self.serve, name="django-jobs-async", daemon=True)
-        self.executors = [
-            ThreadPoolExecutor(1, thread_name_prefix=f"django-jobs-async-orm-{i}")
-            for i in range(orm_threads)
-        ]
+        self.orm = OrmThreads(orm_threads)
         # The loop's default executor: ``sync_to_async(thread_sensitive=False)`` and
         # ``run_in_executor(None, ...)`` of the jobs.
         self.pool = ClosingPool(thread_name_prefix="django-jobs-async-pool")
         self.loop.set_default_executor(self.pool)
-        # Jobs on each ORM thread (read and written on the loop only).
-        self.load = [0] * orm_threads
         self.lock = threading.Lock()
         self.in_flight = 0
         self.closing = False
@@ -113,14 +112,9 @@ class AsyncLane:
         asyncio.run_coroutine_threadsafe(self.run(job, started, done), self.loop)
 
     async def run(self, job: Job, started: bool, done: Any) -> None:
-        orm = min(range(len(self.load)), key=self.load.__getitem__)
-        self.load[orm] += 1
         try:
-            await execute_async_job(
-                job, self.ctx, self.executors[orm], started=started, bodies=self.bodies
-            )
+            await execute_async_job(job, self.ctx, self.orm, started=started, bodies=self.bodies)
         finally:
-            self.load[orm] -= 1
             with self.lock:
                 self.in_flight -= 1
             done()
@@ -138,8 +132,8 @@ class AsyncLane:
             pass
         if wait:
             self.thread.join(5.0)
-        for executor in [*self.executors, self.pool]:
-            executor.shutdown(wait=wait, cancel_futures=True)
+        self.orm.shutdown(wait=wait)
+        self.pool.shutdown(wait=wait, cancel_futures=True)
 
 
 class ClosingPool(ThreadPoolExecutor):
