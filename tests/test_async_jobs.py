@@ -396,3 +396,24 @@ def test_enqueue_on_commit_inside_an_async_job_follows_its_transaction(run_jobs)
     assert Job.objects.filter(task_path="tests.async_job_tasks.reads_its_row").count() == 1
     assert {job_row(r).return_value for r in (committed, rolled_back)} == {LOOP_THREAD}
     stop(proc)
+
+
+# --- --async-jobs 0: the threads run async bodies, as before the loop -----------------------------
+
+
+def test_with_no_async_slots_async_bodies_run_on_the_threads_and_still_cancel(run_jobs):
+    """``--async-jobs 0``: no event loop in the process; each async body runs on a worker
+    thread through async_to_sync (its own short-lived loop), its value comes back, and a
+    cancel() still ends it through asyncio at once."""
+    plain = at.doubled.enqueue(5)
+    victim = at.sleeps.enqueue(60)
+    proc = run_jobs(*WORKER, "--async-jobs", "0", env={"JOBS_INTERRUPT_GRACE": "10"})
+    running(victim)
+    assert cancel(victim.id) == "requested"
+    jobs = settled(pks([plain, victim]))
+    value = jobs[int(plain.id)].return_value
+    # async_to_sync's own thread, not the lane's loop.
+    assert value["value"] == 10 and not value["thread"].startswith("django-jobs-async")
+    assert (jobs[int(victim.id)].status, error_paths(victim)) == (JobStatus.FAILED, [CANCELLED])
+    proc.wait_for_output(f"job {victim.id} cancelled: cancelling its asyncio task")
+    stop(proc)
