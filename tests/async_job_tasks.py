@@ -269,6 +269,7 @@ async def uses_the_orm(context, mode: str) -> int:
     (``mode`` ``"default"``: thread-sensitive, as it is by default; ``"unsensitive"``:
     ``thread_sensitive=False``)."""
     event = await audit(context, "orm")
+    set_progress(1, 2, "written")
     again = await AuditEvent.objects.aget(pk=event.pk)
     seen = 0
     async for _row in AuditEvent.objects.filter(key="orm").order_by("-pk")[:5]:

@@ -475,10 +475,11 @@ POOL_THREADS = min(32, (os.cpu_count() or 1) + 4)
 
 
 @pytest.mark.parametrize("mode", ["default", "unsensitive"])
-def test_1000_async_jobs_using_the_orm_leave_no_connection_behind(run_jobs, figure, mode):
-    """1,000 async jobs, each an ``acreate``, an ``aget``, an ``async for`` and a write
-    through ``sync_to_async`` (``mode``: thread-sensitive as by default, or
-    ``thread_sensitive=False``), and 50 sync jobs querying on the threads, through one
+def test_1000_async_jobs_using_the_orm_leave_no_connection_behind(run_jobs, figure, tmp_path, mode):
+    """1,000 async jobs, each an ``acreate``, a ``set_progress``, an ``aget``, an ``async
+    for`` and a write through ``sync_to_async`` (``mode``: thread-sensitive as by
+    default, or ``thread_sensitive=False``), one that stalls the loop for 0.8 s (the
+    monitor records it), and 50 sync jobs querying on the threads, through one
     worker process (3 threads, 4 ORM threads, 200 slots). Its connections are counted
     from its own sockets 50 times a second; pg_stat_activity counts every connection to
     the test database. The worker never holds more than threads + async_orm_threads + 7
@@ -500,6 +501,8 @@ def test_1000_async_jobs_using_the_orm_leave_no_connection_behind(run_jobs, figu
     calls = [(at.uses_the_orm, [mode], {}) for _ in range(ORM_JOBS)]
     for n in range(50):
         calls.insert(n * 20, (at.sync_uses_the_orm, [n], {}))
+    # One stall of the loop, for the monitor's connection to be counted too.
+    calls.insert(500, (at.blocks_the_loop, [0.8, str(tmp_path / "stalled")], {}))
     bulk_enqueue(calls)
     samples: list[int] = []
 
@@ -508,18 +511,19 @@ def test_1000_async_jobs_using_the_orm_leave_no_connection_behind(run_jobs, figu
         return Job.objects.filter(status=JobStatus.SUCCEEDED).count() == len(calls)
 
     began = time.monotonic()
-    wait_until(done, 180, interval=0.02, what="the 1,050 jobs to succeed")
+    wait_until(done, 180, interval=0.02, what="the 1,051 jobs to succeed")
     took = time.monotonic() - began
     after = db_connections(worker.pid, port)
     tree = sum(db_connections(pid, port) for pid in [proc.pid, *proc.tree()])
     server = server_connections() - before
     assert AuditEvent.objects.filter(key="orm", ended__isnull=False).count() == ORM_JOBS
     assert AuditEvent.objects.filter(key="orm-sync").count() == 50
+    assert Process.objects.get(pk=worker.pk).metadata["loop_stalls"] >= 1
     stop(proc)
     wait_until(lambda: server_connections() == before, 10, what="every connection closed")
     budget = SYNC_THREADS + ORM_THREADS_DEFAULT + RUNTIME_CONNECTIONS
     figure(
-        f"async ORM connections[{mode}] 1,000 async + 50 sync jobs in {took:.1f}s, worker "
+        f"async ORM connections[{mode}] 1,001 async + 50 sync jobs in {took:.1f}s, worker "
         f"--threads {SYNC_THREADS}, async_orm_threads {ORM_THREADS_DEFAULT}: idle={idle} "
         f"peak={max(samples)} after the jobs={after} (budget {budget}"
         f"{f' + pool {POOL_THREADS} in flight' if mode == 'unsensitive' else ''}; "
