@@ -495,6 +495,41 @@ def plant_many(queue: str, count: int, is_async: bool, priority: int = 0) -> Non
     )
 
 
+@pytest.mark.skipif("connection.vendor != 'mysql'", reason="InnoDB's locking reads")
+@pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits on MySQL
+@pytest.mark.parametrize("lane", [Lane.ASYNC, Lane.SYNC])
+def test_a_prefix_lane_claim_locks_only_what_it_takes(worker, lane):
+    """A prefix claim on InnoDB picks its candidates by plain reads and locks them alone
+    (``core/ready.py``, ``prefix_queues``): a ``LIKE`` read walks the claim-order index
+    through other queues' backlogs, or sorts every matching row, locking each. A lane's
+    claim must keep that path, the candidates of its kind: its condition is the pattern's
+    and the lane's, and a check that the pattern was the condition's one part sent it to
+    the ``LIKE`` read (1,001 rows locked here)."""
+    plant_many("default", 3000, lane.is_async)
+    for queue in ("reports", "reports-daily"):
+        plant_many(queue, 500, not lane.is_async)
+        plant_many(queue, 500, lane.is_async)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE TABLE django_jobs_readyexecution")
+    wanted = list(
+        ReadyExecution.objects.filter(queue_name__startswith="reports", is_async=lane.is_async)
+        .order_by("job_id")
+        .values_list("job_id", flat=True)[:2]
+    )
+    with transaction.atomic():
+        claimed = claim_jobs(DB, worker.pk, QueueSelector(("reports*",)), 2, lane=lane)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT trx_rows_locked FROM information_schema.INNODB_TRX "
+                "WHERE trx_mysql_thread_id = CONNECTION_ID()"
+            )
+            (locked,) = cursor.fetchone()
+    assert ids(claimed) == wanted
+    # The two ready rows, their claimed rows and jobs: none of the 3,000 rows of
+    # "default", nor the 1,000 matching ones of the lane (which a sort would lock).
+    assert locked < 50, locked
+
+
 # --- the two lanes' claims at once --------------------------------------------------------
 
 needs_row_locks = pytest.mark.skipif(
