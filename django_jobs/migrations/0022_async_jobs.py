@@ -6,10 +6,15 @@ PostgreSQL (11 and later) or MariaDB (10.3 and later): existing jobs read as syn
 run as they always did. MySQL/MariaDB's enqueue procedure takes the job's columns: it is
 created again after the change, both ways (``follow_job_columns``), and writes the ready
 row's copy once the ready table has the column (``db/enqueue_procedure.py``).
+
+The async lane's index (``jobs_ready_async``, ``db/indexes.FlagIndex``) holds the async ready
+rows where the database has partial indexes; on MySQL/MariaDB every ready row, led by
+``is_async``.
 """
 
 from django.db import migrations, models
 
+import django_jobs.db.indexes
 from django_jobs.db.enqueue_procedure import follow_job_columns
 
 
@@ -32,10 +37,8 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="readyexecution",
-            index=models.Index(
-                condition=models.Q(("is_async", True)),
-                fields=["-priority", "job"],
-                name="jobs_ready_async",
+            index=django_jobs.db.indexes.FlagIndex(
+                fields=["-priority", "job"], flag="is_async", name="jobs_ready_async"
             ),
         ),
     )
