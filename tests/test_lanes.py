@@ -771,7 +771,7 @@ def test_migration_0022_goes_back_and_forth_and_the_jobs_before_it_are_sync(work
 
 # --- a lane's claim behind a backlog of the other kind ------------------------------------
 
-BACKLOG, ASYNC_JOBS = 20_000, 100
+BACKLOG, ASYNC_JOBS = 20_000, 200
 
 
 def analyze() -> None:
@@ -837,8 +837,9 @@ def explained_claim(worker, monkeypatch, lane: Lane | None) -> list[tuple[str, s
     return picked_reads(plan)
 
 
-def median_ms(worker, lane: Lane | None, rounds: int = 9) -> float:
-    """The median time of ``rounds`` claims of 5 of ``lane``, started at claim."""
+def claim_times(worker, lane: Lane | None, rounds: int = 15) -> str:
+    """Median and fastest of ``rounds`` claims of 5 of ``lane``, started at claim: the
+    fastest is the least disturbed by whatever else the machine runs."""
     import statistics
     import time
 
@@ -847,10 +848,9 @@ def median_ms(worker, lane: Lane | None, rounds: int = 9) -> float:
         started = time.perf_counter()
         jobs = claim_jobs(DB, worker.pk, ALL, 5, worker_id="w", lane=lane)
         times.append((time.perf_counter() - started) * 1000)
-        assert len(jobs) == 5 and (
-            lane is None or {job.is_async for job in jobs} == {lane.is_async}
-        )
-    return statistics.median(times)
+        assert len(jobs) == 5
+        assert lane is None or {job.is_async for job in jobs} == {lane.is_async}
+    return f"{statistics.median(times):.2f} ms (fastest {min(times):.2f})"
 
 
 def lane_claim_plan(worker, lane: Lane) -> str:
@@ -899,23 +899,38 @@ def test_a_lane_claim_behind_the_other_kinds_backlog_reads_the_lane_index(worker
 
 @pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits on MySQL
 def test_an_async_claim_behind_a_sync_backlog_reads_its_own_index(worker, monkeypatch, figure):
-    """20,000 sync ready jobs ahead of 100 async ones in claim order, as behind a worker
+    """20,000 sync ready jobs ahead of 200 async ones in claim order, as behind a worker
     whose threads are all busy. PostgreSQL reads the async rows through their partial index
     (``jobs_ready_async``), not the claim-order index filtered row by row through the
-    backlog. The claim times of both lanes are reported, not asserted."""
+    backlog; without that index the same claim reads the claim order (so the check would
+    see it gone). The claim times of both lanes are reported, not asserted."""
     plant_many("default", BACKLOG, False)
     plant_many("default", ASYNC_JOBS, True)
     analyze()
-    if connection.vendor == "postgresql":
+    postgresql = connection.vendor == "postgresql"
+    if postgresql:
         assert explained_claim(worker, monkeypatch, Lane.ASYNC) == [
             ("Index Scan", "jobs_ready_async")
         ]
         # The usual claim reads the order index, as before.
         assert explained_claim(worker, monkeypatch, None) == [("Index Scan", "jobs_ready_order")]
-    either, lane_async = median_ms(worker, None), median_ms(worker, Lane.ASYNC)
+    either, lane_async = claim_times(worker, None), claim_times(worker, Lane.ASYNC)
+    without = ""
+    if postgresql:
+        index = next(i for i in ReadyExecution._meta.indexes if i.name == "jobs_ready_async")
+        with connection.schema_editor() as editor:
+            editor.remove_index(ReadyExecution, index)
+        try:
+            assert explained_claim(worker, monkeypatch, Lane.ASYNC) == [
+                ("Index Scan", "jobs_ready_order")
+            ]
+            without = f", lane=ASYNC without jobs_ready_async {claim_times(worker, Lane.ASYNC)}"
+        finally:
+            with connection.schema_editor() as editor:
+                editor.add_index(ReadyExecution, index)
     figure(
-        f"lanes {connection.vendor}: claim of 5 behind {BACKLOG:,} sync ready jobs: "
-        f"lane=ASYNC {lane_async:.2f} ms, lane=None {either:.2f} ms (median of 9)"
+        f"lanes {connection.vendor}: a claim of 5 behind {BACKLOG:,} sync ready jobs, median "
+        f"of 15: lane=ASYNC {lane_async}, lane=None {either}{without}"
     )
 
 
