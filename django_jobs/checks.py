@@ -171,6 +171,8 @@ def sqlite_checks(alias: str, settings_dict: dict[str, Any]) -> list[Any]:
 INTEGER_SETTINGS: dict[str, tuple[int, int, str, bool]] = {
     "processes": (1, 1024, "django_jobs.E007", False),
     "threads": (1, 1024, "django_jobs.E007", False),
+    "async_jobs": (0, 100_000, "django_jobs.E007", False),
+    "async_orm_threads": (1, 1024, "django_jobs.E007", False),
     # Due jobs promoted at once, their ids bound in one IN list (SQLite: 32,766 at most).
     "batch_size": (1, 10_000, "django_jobs.E007", False),
     "max_jobs_per_child": (1, 10**9, "django_jobs.E007", True),
@@ -201,6 +203,12 @@ OPTIONAL_SECONDS_SETTINGS = (
         "ready_check_interval",
         True,
         "None turns the check off: idle workers then poll every 'polling_interval'.",
+        "django_jobs.E008",
+    ),
+    (
+        "event_loop_block_threshold",
+        True,
+        "None turns the watch of the async jobs' event loop off.",
         "django_jobs.E008",
     ),
     (

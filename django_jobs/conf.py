@@ -26,6 +26,17 @@ class JobsSettings:
     queues: tuple[str, ...] = ("*",)
     processes: int = 1
     threads: int = 3
+    # ``async def`` jobs each worker process runs at once on its event loop, beside its
+    # threads' sync jobs; 0 runs them on the threads instead (docs/tasks.md, "Async
+    # jobs"). 200: a waiting coroutine costs a few KB and no connection, and 200 in
+    # flight keep up with the claim (~2,000 jobs/s of 0.2 s waits per process).
+    async_jobs: int = 200
+    # Threads (each with its database connection) that run the async jobs' ORM calls and
+    # their start and outcome: the lane's whole connection budget (docs/running.md).
+    async_orm_threads: int = 4
+    # Seconds an async job may hold the event loop without awaiting before the worker
+    # logs it and counts a stall; None: no watch.
+    event_loop_block_threshold: float | None = 0.5
     single_process: bool = False
     polling_interval: float = 0.2
     # MariaDB/MySQL and SQLite: seconds between the supervisor's checks for new ready

@@ -147,6 +147,10 @@ class Job(models.Model):
     args = models.JSONField(default=list)
     kwargs = models.JSONField(default=dict)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.READY)
+    # An ``async def`` task's job: it runs on a worker's event loop, and a claim for room
+    # on the loop alone takes only these (core/lanes.py). The database's default too: SQL
+    # that writes job rows without naming it (older procedures) writes sync jobs.
+    is_async = models.BooleanField(default=False, db_default=False)
 
     run_after = models.DateTimeField(null=True, blank=True)
     enqueued_at = models.DateTimeField(default=timezone.now)
@@ -289,6 +293,8 @@ class ReadyExecution(models.Model):
     priority = models.SmallIntegerField(default=0)
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # The job's ``is_async``: what a claim for one lane filters on.
+    is_async = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         indexes = [
@@ -296,6 +302,13 @@ class ReadyExecution(models.Model):
             # The claim order of a worker serving "*": no queue to narrow by.
             models.Index(fields=["-priority", "job"], name="jobs_ready_order"),
             NotNullIndex(fields=["concurrency_key"], name="jobs_ready_keyed"),
+            # The claim of a worker with room on its event loop only (PostgreSQL and
+            # SQLite; MySQL/MariaDB have no partial index and read the order above).
+            models.Index(
+                fields=["-priority", "job"],
+                name="jobs_ready_async",
+                condition=models.Q(is_async=True),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -19,6 +19,7 @@ from django.db.migrations.operations.special import RunPython
 from django.db.migrations.state import ProjectState
 
 from django_jobs.db.enqueue_procedure import (
+    LATER_READY_COLUMNS,
     READY_COLUMNS,
     create_procedure,
     drop_procedure,
@@ -128,15 +129,21 @@ def test_every_migration_leaves_the_procedure_taking_the_job_tables_columns():
 
 
 def test_the_procedure_writes_every_column_of_the_ready_row():
-    """Its second INSERT names the ready row's columns (``READY_COLUMNS``): a column added to
-    ``ReadyExecution`` would be left to a default the table may not have. Such a column
-    needs a new procedure, created by the migration that adds it."""
+    """Its second INSERT names the ready row's columns (``READY_COLUMNS``, and those of
+    ``LATER_READY_COLUMNS`` the table has, each copied from the job's column of the same
+    name): a column added to ``ReadyExecution`` would be left to a default the table may not
+    have. Such a column joins ``LATER_READY_COLUMNS``, and the migration that adds it
+    creates the procedure again (``follow_job_columns``)."""
     ready = {field.column for field in ReadyExecution._meta.concrete_fields}
-    assert ready == set(READY_COLUMNS), (
+    written = {*READY_COLUMNS, *LATER_READY_COLUMNS}
+    assert ready == written, (
         f"ReadyExecution's columns {sorted(ready)} are not those the enqueue procedure writes "
-        f"{sorted(READY_COLUMNS)}: write a new procedure (django_jobs/db/enqueue_procedure.py "
-        "keeps 0013's SQL as it is) and create it in the migration that changes the table"
+        f"{sorted(written)}: add the new one to LATER_READY_COLUMNS "
+        "(django_jobs/db/enqueue_procedure.py keeps 0013's SQL as it is) and create the "
+        "procedure again in the migration that changes the table"
     )
+    job = {field.column for field in Job._meta.concrete_fields}
+    assert set(LATER_READY_COLUMNS) <= job, "each later ready column copies the job's own"
 
 
 def a_migration(*operations) -> migrations.Migration:

@@ -222,8 +222,9 @@ def promote_blocked_by_key(db: str, semaphores: list[Semaphore]) -> int:
                 priority=priority,
                 concurrency_key=key,
                 status=JobStatus.BLOCKED,
+                is_async=is_async,
             )
-            for job_id, queue_name, priority, key, position in rows
+            for job_id, queue_name, priority, key, position, is_async in rows
             if position <= free[key]
         ]
         if promoted:

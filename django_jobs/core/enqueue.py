@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import cache
+from inspect import iscoroutinefunction
 from typing import Any, Protocol, cast
 
 from django.db import OperationalError, connections
@@ -284,6 +285,7 @@ def prepare_job(
         task_path=task.module_path,
         queue_name=task.queue_name,
         priority=task.priority,
+        is_async=iscoroutinefunction(task.func),
         args=json_args,
         kwargs=json_kwargs,
         status=JobStatus.SCHEDULED if future else JobStatus.READY,

@@ -20,6 +20,7 @@ from django.db import connections, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
+from django_jobs.core.lanes import Lane
 from django_jobs.core.queues import QueueSelector
 from django_jobs.db import features, ops
 from django_jobs.db.notify import jobs_ready
@@ -49,6 +50,7 @@ def make_ready(db: str, jobs: list[Job]) -> None:
                 priority=job.priority,
                 concurrency_key=job.concurrency_key,
                 created_at=now,
+                is_async=job.is_async,
             )
             for job in jobs
         ]
@@ -71,6 +73,7 @@ def claim_jobs(
     limit: int,
     caps: dict[str, int] | None = None,
     worker_id: str | None = None,
+    lane: Lane | None = None,
 ) -> list[Job]:
     """Take up to ``limit`` ready jobs, skipping rows other claimers hold locked.
 
@@ -84,13 +87,19 @@ def claim_jobs(
     statement, in that statement): they come back ``RUNNING``, their attempt
     counted; the rest ``CLAIMED``, for ``core.starting.start_jobs``. A worker
     that then does not run one takes the start back (``core.claimed.undo_start``).
+
+    ``lane``: only jobs of that kind (``Job.is_async``), for a worker with room of one kind
+    alone (``runtime/worker.py``, ``Worker.capacity``). The one-statement claim filters on
+    it as on the queues; on MySQL/MariaDB such a claim takes the statements' path, as one
+    with caps does (the claim procedure serves the usual claim, of either kind).
     """
     if limit <= 0:
         return []
+    kind = Q() if lane is None else Q(is_async=lane.is_async)
     if features(db).can_claim_in_one_statement and not caps:
-        return claim_in_one_statement(db, process_id, selector, limit, worker_id)
+        return claim_in_one_statement(db, process_id, selector, limit, worker_id, kind)
     queues = named_queues(selector)
-    if not caps and queues is not PATTERNS:
+    if not caps and lane is None and queues is not PATTERNS:
         claimed = ops(db).claim_ready(db, process_id, queues, limit, worker_id, timezone.now())
         if claimed is not None:
             return claimed
@@ -104,7 +113,7 @@ def claim_jobs(
             room = lock_queue_caps(db, selector, caps, paused)
         picked: list[tuple[int, str]] = []
         for condition in selector.conditions():
-            pick_ready(db, condition, paused, room, picked, limit)
+            pick_ready(db, condition & kind, paused, room, picked, limit, kind)
         if not picked:
             return []
         return record_claims(db, process_id, picked, worker_id)
@@ -139,10 +148,12 @@ def pick_ready(
     room: dict[str, int],
     picked: list[tuple[int, str]],
     limit: int,
+    kind: Q | None = None,
 ) -> None:
     """Lock ready rows of the queues ``condition`` matches, up to ``limit`` in ``picked``
     (``(job id, queue)``, in claim order: priority, then age), skipping rows held by other
-    claimers, paused queues and capped queues with no ``room`` left."""
+    claimers, paused queues and capped queues with no ``room`` left. ``kind``: the lane's
+    condition (in ``condition`` too), kept on the rows a prefix's candidates name."""
     names = prefix_queues(db, condition, paused)
     rounds, refreshed = 0, False
     while len(picked) < limit:
@@ -153,8 +164,8 @@ def pick_ready(
         found: list[tuple[int, int]] = []
         if names is not None:
             open_names = [name for name in names if name not in full]
-            found = candidates(db, open_names, picked, want, rounds)
-            where = Q(job_id__in=[job_id for _, job_id in found])
+            found = candidates(db, open_names, picked, want, rounds, kind)
+            where = Q(job_id__in=[job_id for _, job_id in found]) & (kind or Q())
             more = len(found) == CANDIDATES * want
             if len({priority for priority, _ in found}) <= 1:
                 # One priority: claim order is id order, which the primary key reads
@@ -327,7 +338,12 @@ PREFIX_NAMES_TTL = 1.0
 
 
 def candidates(
-    db: str, names: list[str], picked: list[tuple[int, str]], want: int, round_: int
+    db: str,
+    names: list[str],
+    picked: list[tuple[int, str]],
+    want: int,
+    round_: int,
+    kind: Q | None = None,
 ) -> list[tuple[int, int]]:
     """The next ``CANDIDATES * want`` ready jobs of ``names`` in claim order (priority,
     then age), skipping the rounds before; read without locks, so a claimer
@@ -337,7 +353,7 @@ def candidates(
     taken = [job_id for job_id, _ in picked]
     parts = []
     for name in names:
-        rows = ReadyExecution.objects.using(db).filter(queue_name=name)
+        rows = ReadyExecution.objects.using(db).filter(kind or Q(), queue_name=name)
         if taken:
             rows = rows.exclude(job_id__in=taken)
         parts.append(
@@ -354,9 +370,15 @@ def candidates(
 
 
 def claim_in_one_statement(
-    db: str, process_id: int, selector: QueueSelector, limit: int, worker_id: str | None = None
+    db: str,
+    process_id: int,
+    selector: QueueSelector,
+    limit: int,
+    worker_id: str | None = None,
+    kind: Q | None = None,
 ) -> list[Job]:
-    """Without queue caps, where the database can: one statement per queue pattern."""
+    """Without queue caps, where the database can: one statement per queue pattern (and
+    lane: ``kind``)."""
     now = timezone.now()
     patterns = list(selector.conditions())
     # One pattern (the usual "*") is one atomic statement; several share a transaction.
@@ -366,7 +388,7 @@ def claim_in_one_statement(
             if len(jobs) >= limit:
                 break
             jobs += ops(db).claim_matching(
-                db, process_id, condition, limit - len(jobs), now, worker_id
+                db, process_id, condition & (kind or Q()), limit - len(jobs), now, worker_id
             )
     return jobs
 

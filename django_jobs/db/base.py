@@ -531,17 +531,17 @@ class Operations:
 
     def blocked_in_order(
         self, db: str, keys: Sequence[str], most: int
-    ) -> list[tuple[int, str, int, str, int]]:
+    ) -> list[tuple[int, str, int, str, int, bool]]:
         """Blocked in order: the first ``most`` blocked jobs of each of ``keys`` by priority,
-        then age, as ``(job id, queue, priority, key, position)``, position counted from 1
-        within the key."""
+        then age, as ``(job id, queue, priority, key, position, is_async)``, position
+        counted from 1 within the key (``is_async`` read from the job's row, by its key)."""
         if not keys:
             return []
         with connections[db].cursor() as cursor:
             cursor.execute(blocked_in_order_statement(db, len(keys)), [*keys, most])
             return [
-                (int(job_id), queue, int(priority), key, int(position))
-                for job_id, queue, priority, key, position in cursor.fetchall()
+                (int(job_id), queue, int(priority), key, int(position), bool(is_async))
+                for job_id, queue, priority, key, position, is_async in cursor.fetchall()
             ]
 
     def finish_with_dependents(
@@ -692,16 +692,18 @@ def count_holders_statement(db: str, count: int) -> str:
 @functools.lru_cache(maxsize=64)
 def blocked_in_order_statement(db: str, count: int) -> str:
     """``Operations.blocked_in_order``' statement for ``count`` keys (then the most per key)."""
-    from django_jobs.models import BlockedExecution
+    from django_jobs.models import BlockedExecution, Job
 
     quote = connections[db].ops.quote_name
     marks = ", ".join(["%s"] * count)
     return (
-        f"SELECT job_id, queue_name, priority, concurrency_key, position_ FROM "
+        f"SELECT ranked_.job_id, ranked_.queue_name, ranked_.priority, "
+        f"ranked_.concurrency_key, ranked_.position_, job_.is_async FROM "
         f"(SELECT job_id, queue_name, priority, concurrency_key, ROW_NUMBER() OVER "
         f"(PARTITION BY concurrency_key ORDER BY priority DESC, job_id) AS position_ "
         f"FROM {quote(BlockedExecution._meta.db_table)} WHERE concurrency_key IN ({marks})) "
-        f"AS ranked_ WHERE position_ <= %s"
+        f"AS ranked_ JOIN {quote(Job._meta.db_table)} AS job_ ON job_.id = ranked_.job_id "
+        f"WHERE ranked_.position_ <= %s"
     )
 
 

@@ -35,6 +35,9 @@ PROCEDURE = "django_jobs_enqueue_ready"
 SAVEPOINT = "django_jobs_enqueue"
 # The ready row's columns, as the procedure's second INSERT writes them.
 READY_COLUMNS = ("job_id", "queue_name", "priority", "concurrency_key", "created_at")
+# Ready columns added since 0013, each written (from the job's parameter of the same name)
+# where the ready table being migrated has it: replaying 0013 creates what it always did.
+LATER_READY_COLUMNS = ("is_async",)
 
 
 def procedure_columns(fields: Iterable[Any]) -> frozenset[str]:
@@ -64,18 +67,33 @@ def columns(apps, schema_editor) -> list[tuple[str, str, str | None]]:
         return [row for row in cursor.fetchall() if row[0] in taken]
 
 
+def later_ready_columns(apps, schema_editor) -> list[str]:
+    """The columns of :data:`LATER_READY_COLUMNS` the ready table has now."""
+    ready = apps.get_model("django_jobs", "ReadyExecution")._meta.db_table
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = DATABASE() AND table_name = %s",
+            [ready],
+        )
+        present = {name for (name,) in cursor.fetchall()}
+    return [name for name in LATER_READY_COLUMNS if name in present]
+
+
 def procedure_sql(apps, schema_editor) -> str:
     quote = schema_editor.quote_name
     job = quote(apps.get_model("django_jobs", "Job")._meta.db_table)
     ready = quote(apps.get_model("django_jobs", "ReadyExecution")._meta.db_table)
     found = columns(apps, schema_editor)
+    later = [name for name in later_ready_columns(apps, schema_editor) if name in dict_of(found)]
     params = ",\n  ".join(
         f"IN p_{name} {kind}" + (f" CHARACTER SET {charset}" if charset else "")
         for name, kind, charset in found
     )
     names = ", ".join(quote(name) for name, _, _ in found)
     values = ", ".join(f"p_{name}" for name, _, _ in found)
-    ready_names = ", ".join(READY_COLUMNS)
+    ready_names = ", ".join([*READY_COLUMNS, *later])
+    later_values = "".join(f", p_{name}" for name in later)
     return f"""
 CREATE PROCEDURE {PROCEDURE}(
   IN own_transaction BOOLEAN,
@@ -90,11 +108,15 @@ BEGIN
   IF own_transaction THEN START TRANSACTION; ELSE SAVEPOINT {SAVEPOINT}; END IF;
   INSERT INTO {job} ({names}) VALUES ({values});
   INSERT INTO {ready} ({ready_names})
-    VALUES (LAST_INSERT_ID(), p_queue_name, p_priority, NULL, p_enqueued_at);
+    VALUES (LAST_INSERT_ID(), p_queue_name, p_priority, NULL, p_enqueued_at{later_values});
   IF own_transaction THEN COMMIT; ELSE RELEASE SAVEPOINT {SAVEPOINT}; END IF;
   SELECT LAST_INSERT_ID();
 END
 """
+
+
+def dict_of(found: list[tuple[str, str, str | None]]) -> dict[str, str]:
+    return {name: kind for name, kind, _ in found}
 
 
 def create_procedure(apps, schema_editor) -> None:

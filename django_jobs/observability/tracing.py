@@ -159,46 +159,53 @@ def nothing_to_carry(trace: Any) -> bool:
 def traced_execution(
     call: Callable[[Task, Job, TaskResult], object],
 ) -> Callable[[Task, Job, TaskResult], object]:
-    """Wrap ``call_task`` so the task's function runs in an execution span.
+    """Wrap ``call_task`` so the task's function runs in its execution span
+    (:func:`execution_span`)."""
+
+    @functools.wraps(call)
+    def run(task: Task, job: Job, result: TaskResult) -> object:
+        with execution_span(job):
+            return call(task, job, result)
+
+    return run
+
+
+def execution_span(job: Job) -> contextlib.AbstractContextManager[object]:
+    """The span a job's body runs in, current while it runs (an ``async def`` body enters
+    it in its own asyncio task), or no span at all.
 
     The span's parent is exactly what the job's row carries (a job enqueued outside any
     trace starts a trace of its own), never whatever happens to be current in the worker
     thread. It is current while the function runs, so spans the task makes (HTTP calls,
     queries, jobs it enqueues) are its children.
     """
-
-    @functools.wraps(call)
-    def run(task: Task, job: Job, result: TaskResult) -> object:
-        api = otel_api()
-        if not api:
-            return call(task, job, result)
-        trace, propagate, Context = api
-        headers = row_headers(job)
-        if not headers and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-            # No SDK (yet) and no parent to carry: the span would be the invalid one,
-            # and the thread's context has none of its own. A quarter of the cost of a
-            # no-op job in a worker with the API installed but unused.
-            return call(task, job, result)
-        # Extracted into an empty context: the worker thread's own must not leak in.
-        parent = propagate.extract(headers, context=Context())
-        with trace.get_tracer(TRACER_NAME).start_as_current_span(
-            f"run {job.task_path}",
-            context=parent,
-            kind=trace.SpanKind.CONSUMER,
-            attributes={
-                **job_attributes(job),
-                "messaging.operation.type": "process",
-                "messaging.operation.name": "run",
-                "messaging.message.id": str(job.pk),
-                "django_jobs.job_id": job.pk,
-                "django_jobs.attempt": job.attempts,
-            },
-            record_exception=True,
-            set_status_on_exception=True,
-        ):
-            return call(task, job, result)
-
-    return run
+    api = otel_api()
+    if not api:
+        return NO_SCOPE
+    trace, propagate, Context = api
+    headers = row_headers(job)
+    if not headers and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        # No SDK (yet) and no parent to carry: the span would be the invalid one,
+        # and the thread's context has none of its own. A quarter of the cost of a
+        # no-op job in a worker with the API installed but unused.
+        return NO_SCOPE
+    # Extracted into an empty context: the worker thread's own must not leak in.
+    parent = propagate.extract(headers, context=Context())
+    return trace.get_tracer(TRACER_NAME).start_as_current_span(
+        f"run {job.task_path}",
+        context=parent,
+        kind=trace.SpanKind.CONSUMER,
+        attributes={
+            **job_attributes(job),
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "run",
+            "messaging.message.id": str(job.pk),
+            "django_jobs.job_id": job.pk,
+            "django_jobs.attempt": job.attempts,
+        },
+        record_exception=True,
+        set_status_on_exception=True,
+    )
 
 
 def row_headers(job: Job) -> dict[str, str]:

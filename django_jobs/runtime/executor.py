@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from inspect import iscoroutinefunction
 from typing import Any, cast
 
@@ -193,37 +194,73 @@ def run_async_body(
     return async_to_sync(body)()
 
 
-def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> None:
-    """Run one claimed job to its outcome: started (unless the claim did it), watched, its
-    success handed to the completer or its failure recorded. Nothing the job does or
-    returns escapes: its outcome is recorded, or the worker stops (docs/design.md
-    invariant 10)."""
+@dataclass
+class Attempt:
+    """A started job about to run its body: what its outcome is recorded with."""
+
+    job: Job
+    task: Task
+    result: TaskResult
+    control: Control | None
+    began: float
+
+    def settle(self, ctx: ExecutionContext, exc: BaseException) -> None:
+        """The body raised ``exc`` (or its value cannot be stored): record it."""
+        if self.control is not None and ctx.watchdog is not None:
+            ctx.watchdog.forget(self.control)
+        settle_failure(
+            self.job,
+            self.task,
+            self.result,
+            ctx,
+            self.control,
+            exc,
+            time.monotonic() - self.began,
+        )
+
+    def succeed(self, ctx: ExecutionContext, value: object) -> None:
+        """The body returned ``value`` (checked): hand it to the completer."""
+        success = Success(self.job, self.task, self.result, value, time.monotonic() - self.began)
+        if ctx.completer is not None:
+            ctx.completer.submit(success)
+        else:
+            write_isolated(ctx, [success])
+
+
+def begin_attempt(job: Job, ctx: ExecutionContext, *, started: bool = False) -> Attempt | None:
+    """Everything before a claimed job's body: its task loaded, the job started (unless
+    the claim did it), ``task_started`` sent, the watchdog watching; None when it must not
+    run (its task cannot be imported: failed; a stop began or its claim was lost)."""
     try:
         task = load_task(job.task_path)
     except TaskNotFound as exc:
         fail_unloadable(job, ctx, exc, started=started)
-        return
+        return None
     if not started and not start_or_hand_back(job, ctx):
-        return
+        return None
     result = build_result(job)
     task_started.send(type(task.get_backend()), task_result=result)
     logger.info("job started %s", describe(job))
     began = time.monotonic()
     watchdog = ctx.watchdog
     control = watchdog.watch(job, asynchronous=is_async(task)) if watchdog is not None else None
-    try:
-        value = run_watched(task, job, result, ctx, control)
-    except BaseException as exc:  # SystemExit/KeyboardInterrupt of a task must not kill us
-        if control is not None and watchdog is not None:
-            watchdog.forget(control)
-        settle_failure(job, task, result, ctx, control, exc, time.monotonic() - began)
-        return
+    return Attempt(job, task, result, control, began)
 
-    success = Success(job, task, result, value, time.monotonic() - began)
-    if ctx.completer is not None:
-        ctx.completer.submit(success)
-    else:
-        write_isolated(ctx, [success])
+
+def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -> None:
+    """Run one claimed job to its outcome: started (unless the claim did it), watched, its
+    success handed to the completer or its failure recorded. Nothing the job does or
+    returns escapes: its outcome is recorded, or the worker stops (docs/design.md
+    invariant 10)."""
+    attempt = begin_attempt(job, ctx, started=started)
+    if attempt is None:
+        return
+    try:
+        value = run_watched(attempt.task, job, attempt.result, ctx, attempt.control)
+    except BaseException as exc:  # SystemExit/KeyboardInterrupt of a task must not kill us
+        attempt.settle(ctx, exc)
+        return
+    attempt.succeed(ctx, value)
 
 
 def fail_unloadable(

@@ -11,15 +11,17 @@ from django.db.models import Q
 
 from django_jobs.conf import JobsSettings
 from django_jobs.core.claimed import release_job
+from django_jobs.core.lanes import Lane
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.ready import claim_jobs
 from django_jobs.core.scheduling import promote_due_jobs
 from django_jobs.db.retry import DB_ERRORS, Backoff, reset_connection
 from django_jobs.exceptions import TaskNotFound
 from django_jobs.models import ClaimedExecution, Job, JobStatus, Pause, ReadyExecution
+from django_jobs.runtime.async_lane import AsyncLane
 from django_jobs.runtime.completer import Completer
 from django_jobs.runtime.context import ExecutionContext, persist
-from django_jobs.runtime.executor import execute_job, start_claimed
+from django_jobs.runtime.executor import execute_job, is_async, start_claimed
 from django_jobs.runtime.lifecycle import Lifecycle
 from django_jobs.runtime.listener import start_listener
 from django_jobs.runtime.recycling import RecyclePolicy
@@ -37,6 +39,15 @@ def importable(job: Job) -> bool:
     except TaskNotFound:
         return False
     return True
+
+
+def runs_async(job: Job) -> bool:
+    """An ``async def`` task's job; one whose task cannot be imported goes to a thread,
+    which fails it."""
+    try:
+        return is_async(load_task(job.task_path))
+    except TaskNotFound:
+        return False
 
 
 class Worker:
@@ -86,6 +97,23 @@ class Worker:
         self.lock = threading.Lock()
         self.running: dict[int, Job] = {}
         self.pool = ThreadPoolExecutor(conf.threads, thread_name_prefix="django-jobs-worker")
+        # ``async def`` jobs run here, on an event loop, when async_jobs > 0; else on the
+        # threads, through async_to_sync, as sync ones do.
+        self.lane = (
+            AsyncLane(
+                self.ctx,
+                conf.async_jobs,
+                conf.async_orm_threads,
+                block_threshold=conf.event_loop_block_threshold,
+            )
+            if conf.async_jobs > 0
+            else None
+        )
+        # The jobs of ``running`` that run on the lane.
+        self.on_lane: set[int] = set()
+        # The last claim of either kind was full of async jobs only: the next claims async
+        # jobs alone, as many as the loop has room for (then either kind again).
+        self.async_next = False
         # Jobs still running when shutdown gave up on them (an immediate stop, a body
         # the interrupt did not end): their threads cannot be killed, so the process
         # must exit without joining them.
@@ -112,16 +140,45 @@ class Worker:
         4.4x django-tasks-db's drain instead of 5.0x (bench/throughput.py, same run).
         """
         with self.lock:
-            running = set(self.running)
-        unwritten = self.completer.pending_ids()
+            running = set(self.running) - self.on_lane
+            lane = set(self.on_lane)
+        unwritten = self.completer.pending_ids() - lane
         busy = len(running - unwritten)
         threads = self.conf.threads
         return min(threads - busy, unrecorded_bound(threads) - busy - len(unwritten))
+
+    def capacity(self) -> tuple[int, Lane | None]:
+        """How many jobs to claim now, and of which lane (None: of either).
+
+        With both a free thread and a free slot on the event loop, any job has room: the
+        claim takes jobs of either kind, as many as the scarcer of the two can take, so
+        that none waits claimed for room of its kind. With room of one kind only, the
+        claim takes jobs of that kind only (``Job.is_async``): a process whose threads
+        are busy never claims a sync job away from a process with a free thread, nor
+        one with a full event loop an async job (docs/running.md, "How a worker claims").
+
+        A claim of either kind takes no more than the free threads (a few), where the loop
+        has room for hundreds: when one comes back full of async jobs only, the next
+        claims async jobs alone, as many as the loop can take, and the one after that
+        either kind again, so that sync jobs behind a flood of async ones still start.
+        """
+        threads = self.idle_threads()
+        if self.lane is None:
+            return threads, None
+        slots = self.lane.free()
+        if slots > 0 and (threads <= 0 or self.async_next):
+            self.async_next = False
+            return slots, Lane.ASYNC
+        if threads > 0 and slots > 0:
+            return min(threads, slots), None
+        return max(threads, 0), Lane.SYNC
 
     def run(self) -> None:
         backoff = Backoff(self.conf.db_retry_max_delay)
         self.completer.start()
         self.watchdog.start()
+        if self.lane is not None:
+            self.lane.start()
         # On PostgreSQL, a NOTIFY for a new ready job sets wake (see listener.py).
         listener = None if self.once else start_listener(self.conf, self.selector, self.lifecycle)
         # Elsewhere, the supervisor's check for ready jobs sets it (see wakeup.py).
@@ -132,7 +189,7 @@ class Worker:
                 if self.recycle is not None and (reason := self.recycle.reason()):
                     self.lifecycle.request_recycle(reason)
                     break
-                idle = self.idle_threads()
+                idle, lane = self.capacity()
                 limit = min(idle, self.conf.batch_size)
                 if self.recycle is not None:
                     limit = self.recycle.room(limit)
@@ -141,7 +198,7 @@ class Worker:
                     try:
                         if self.claims_in_doubt:
                             self.release_orphaned_claims()
-                        claimed = self.claim_and_submit(limit)
+                        claimed = self.claim_and_submit(limit, lane)
                         backoff.reset()
                     except Exception as exc:
                         # An outage, a row no check foresaw, or a bug of ours: this loop is
@@ -161,8 +218,8 @@ class Worker:
                             logger.exception("claiming failed; trying again in %.2fs", delay)
                         self.lifecycle.sleep(delay)
                         continue
-                if claimed and claimed == limit < idle:
-                    continue  # a full batch with threads to spare: there may be more
+                if claimed and (claimed == limit < idle or self.async_next):
+                    continue  # a full batch with room to spare: there may be more
                 if self.once and not claimed and not self.running and self.queue_is_empty():
                     return
                 # Until a thread frees up or a job is notified (they set wake), or
@@ -214,7 +271,7 @@ class Worker:
                 logger.warning("handed back job %s: claimed, but the claim seemed lost", job_id)
         self.claims_in_doubt = False
 
-    def claim_and_submit(self, limit: int) -> int:
+    def claim_and_submit(self, limit: int, lane: Lane | None = None) -> int:
         """Claim, count the attempts of the claimed jobs in one transaction, run them.
 
         The claim itself counts the attempts of most jobs (see
@@ -230,10 +287,13 @@ class Worker:
             limit,
             self.conf.max_concurrency,
             worker_id=self.ctx.worker_id,
+            lane=lane,
         )
         with self.lock:
             for job in jobs:
                 self.running[job.pk] = job
+        if lane is None and self.lane is not None:
+            self.async_next = len(jobs) == limit and all(map(runs_async, jobs))
         submitted: set[int] = set()
         try:
             self.submit(jobs, submitted)
@@ -268,15 +328,24 @@ class Worker:
                 )
                 self.forget(job)
                 continue
-            self.pool.submit(self.run_one, job, job.pk in started)
+            if self.lane is not None and runs_async(job):
+                with self.lock:
+                    self.on_lane.add(job.pk)
+                self.lane.submit(job, job.pk in started, lambda job=job: self.ended(job))
+            else:
+                self.pool.submit(self.run_one, job, job.pk in started)
             submitted.add(job.pk)
 
     def run_one(self, job: Job, started: bool) -> None:
         try:
             execute_job(job, self.ctx, started=started)
         finally:
-            self.forget(job)
-            self.lifecycle.wake.set()
+            self.ended(job)
+
+    def ended(self, job: Job) -> None:
+        """``job``'s outcome is recorded or with the completer: its room is free."""
+        self.forget(job)
+        self.lifecycle.wake.set()
 
     def forget(self, job: Job) -> None:
         """Take ``job`` (this claim's object) out of ``running``, unless the entry is a
@@ -288,6 +357,7 @@ class Worker:
         with self.lock:
             if self.running.get(job.pk) is job:
                 del self.running[job.pk]
+                self.on_lane.discard(job.pk)
 
     def running_besides_stuck(self) -> bool:
         """Jobs still running that may yet end (a stuck one will not: no use waiting)."""
@@ -344,6 +414,8 @@ class Worker:
             if job.pk not in self.lifecycle.stuck_jobs:
                 self.leave_running(job)
         self.pool.shutdown(wait=not leftovers, cancel_futures=True)
+        if self.lane is not None:
+            self.lane.stop(wait=not leftovers)
         close_old_connections()
 
     def wait_for_running(self, deadline: float) -> None:

@@ -192,9 +192,10 @@ def with_ready_rows(db: str, fields: list[models.Field], rows: str) -> str:
     ready_table = connections[db].ops.quote_name(ReadyExecution._meta.db_table)
     return (
         f"WITH new_jobs AS ({insert_into(db, Job, fields, rows)} "
-        f"RETURNING id, queue_name, priority, enqueued_at) "
-        f"INSERT INTO {ready_table} (job_id, queue_name, priority, concurrency_key, created_at) "
-        f"SELECT id, queue_name, priority, NULL, enqueued_at FROM new_jobs RETURNING job_id"
+        f"RETURNING id, queue_name, priority, enqueued_at, is_async) "
+        f"INSERT INTO {ready_table} (job_id, queue_name, priority, concurrency_key, created_at, "
+        f"is_async) SELECT id, queue_name, priority, NULL, enqueued_at, is_async FROM new_jobs "
+        f"RETURNING job_id"
     )
 
 

@@ -31,6 +31,13 @@ def positive_int(value: str) -> int:
     return number
 
 
+def non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError(value)
+    return number
+
+
 def positive_float(value: str) -> float:
     number = float(value)
     if number <= 0:
@@ -50,6 +57,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--processes", type=positive_int, help="Worker processes.")
         parser.add_argument("--threads", type=positive_int, help="Threads per worker process.")
+        parser.add_argument(
+            "--async-jobs",
+            type=non_negative_int,
+            help="async def jobs each worker process runs at once on its event loop "
+            "(0: run them on the threads).",
+        )
         parser.add_argument(
             "--polling-interval", type=positive_float, help="Seconds between polls when idle."
         )
@@ -96,6 +109,7 @@ class Command(BaseCommand):
             "queues": options["queues"],
             "processes": options["processes"],
             "threads": options["threads"],
+            "async_jobs": options["async_jobs"],
             "polling_interval": options["polling_interval"],
             "batch_size": options["batch_size"],
             "shutdown_timeout": options["shutdown_timeout"],
