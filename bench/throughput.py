@@ -146,14 +146,16 @@ class AsyncSizes:
 
     jobs: int  # async jobs of ``sleep_s`` drained (and no-op jobs, for the reference)
     sleep_s: float  # each job's await asyncio.sleep()
-    threaded_jobs: int  # the same jobs drained the old way (--async-jobs 0): 80 jobs/s at most
+    # The same jobs drained the old way (--async-jobs 0; 0: not at all): 16 threads make
+    # 80 jobs/s at most, so fewer jobs say as much.
+    threaded_jobs: int
     in_flight: int  # async jobs held in flight at once for the memory figure
     in_flight_s: float  # how long each of those sleeps
     load: int  # async jobs in flight while the latency probes run
 
 
 ASYNC_FULL = AsyncSizes(10_000, 0.2, 2_000, 1_000, 10.0, 300)
-ASYNC_SMOKE = AsyncSizes(400, 0.2, 100, 100, 3.0, 50)
+ASYNC_SMOKE = AsyncSizes(400, 0.2, 0, 100, 1.0, 50)
 ASYNC_FLOAT_SIZES = ("sleep_s", "in_flight_s")
 
 
@@ -2397,9 +2399,11 @@ def ours_workers(bench: OursAsync, run: Run) -> Workers:
 
 def in_flight_on(bench: OursAsync, workers: Workers, count: int, seconds: float) -> dict[str, Any]:
     """Memory and connections of idle workers, then with ``count`` async jobs of
-    ``seconds`` in flight: read once every one of them has started (status running) and
-    none has ended yet, or, failing that, at the first end (``in_flight`` says how many
-    ran then). Then waits for them all to succeed."""
+    ``seconds`` in flight: read a quarter of ``seconds`` (at most 1 s) after every one of
+    them has started (status running), so that what a worker opens beside its running
+    jobs (its cancel poll's query) is in; ``in_flight`` and ``finished_before`` say how
+    many ran and how many had already ended when it was read. Then waits for them all to
+    succeed."""
     idle = {
         "memory": bench.rss(workers),
         "connections": held_connections(connection, workers.members()),
@@ -2408,16 +2412,18 @@ def in_flight_on(bench: OursAsync, workers: Workers, count: int, seconds: float)
     began = time.perf_counter()
     bench.enqueue_sleeps(count, seconds)
     deadline = time.perf_counter() + seconds
-    while (running := bench.running_count()) < count:
+    while bench.running_count() < count:
         workers.check_alive()
         if bench.finished_count() or time.perf_counter() > deadline:
             break
         time.sleep(0.05)
     reached = time.perf_counter() - began
+    time.sleep(min(1.0, seconds / 4))
     loaded = {
         "memory": bench.rss(workers),
         "connections": held_connections(connection, workers.members()),
-        "in_flight": running,
+        "in_flight": bench.running_count(),
+        "finished_before": bench.finished_count(),
         "seconds_to_reach": reached,
     }
     wait_finished(bench, workers, count)
@@ -2432,20 +2438,21 @@ def latency_on(
 ) -> dict[str, dict[str, float] | int]:
     """Enqueue→start of async no-op probes, one every ``latency_interval_ms``: with
     the workers idle, then while ``load`` async sleeps are in flight on them (each
-    sleeping through the probes' window and 5 s more). ``load_left`` counts the load's
+    sleeping through the probes' window and 1 s more). ``load_left`` counts the load's
     jobs still running once the last probe was enqueued: all of them, or the probes did
-    not run under the whole load."""
+    not run under the whole load. The workers come from a drain of async jobs: a few
+    probes first (the probe task's import), half a second to go idle, then the count."""
     samples, interval = sizes.latency_samples, sizes.latency_interval_ms
     bench.mark()
-    paced(bench.enqueue_one, LATENCY_WARMUP, 50.0)
+    paced(bench.enqueue_one, LATENCY_WARMUP, 10.0)
     wait_finished(bench, workers, LATENCY_WARMUP)
-    time.sleep(SETTLE)
+    time.sleep(SETTLE / 2)
     bench.mark()
     ids = paced(bench.enqueue_one, samples, interval)
     wait_finished(bench, workers, samples)
     idle = bench.latencies_ms(ids)
     bench.mark()
-    load_s = samples * interval / 1000 + 5.0
+    load_s = samples * interval / 1000 + 1.0
     bench.enqueue_sleeps(load, load_s)
     wait_until(
         lambda: bench.running_count() >= load, workers, f"{load:,} async jobs in flight", load_s
@@ -2480,9 +2487,17 @@ def procrastinate_concurrencies() -> list[int]:
 
 def phase_async(run: Run) -> None:
     """Issue 39: ``async def`` jobs on each worker process's event loop, up to
-    ``async_jobs`` at once, against Procrastinate's async worker, against running them on
-    threads (``--async-jobs 0``), and against our own no-op drain, in one run."""
+    ``async_jobs`` at once, against Procrastinate's and Oban's async workers, against
+    running them on threads (``--async-jobs 0``), and against our own no-op drain, in
+    one run. Each peer's drain is bracketed by a drain of our defaults right before and
+    right after it, and set against their mean: on a shared machine the load moves
+    within the minutes a peer's drain takes (load 2.4 to 11.4 in one run)."""
     sizes, report = async_sizes(OPTIONS), run.report
+    began = time.perf_counter()
+
+    def step(message: str) -> None:
+        progress(f"  [{time.perf_counter() - began:5.1f} s] {message}")
+
     processes = OPTIONS.processes or ASYNC_PROCESSES
     threads = OPTIONS.threads or DEFAULT_THREADS
     n, sleep_s = sizes.jobs, sizes.sleep_s
@@ -2496,6 +2511,7 @@ def phase_async(run: Run) -> None:
             processes, ("--async-jobs", "0", "--threads", str(half)), "in-flight-threads"
         ),
     }
+    commands = {key: " ".join(b.commands()[0][2:]) for key, b in setups.items()}
     progress(
         f"async: {n:,} jobs awaiting asyncio.sleep({sleep_s:g}) and {n:,} no-op jobs, "
         f"{processes} processes; {sizes.in_flight:,} in flight for memory; latency under "
@@ -2506,42 +2522,64 @@ def phase_async(run: Run) -> None:
         "processes": processes,
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
     }
-    commands = {key: " ".join(b.commands()[0][2:]) for key, b in setups.items()}
-    details["commands"] = commands
 
-    # Our no-op drain and the async drain with the same workers (--threads T).
+    def ours_drain(key: str, count: int) -> Drain:
+        bench = setups[key]
+        with ours_workers(bench, run) as workers:
+            bench.wait_ready(workers)
+            bench.mark()
+            result = drain_on(bench, workers, count, lambda: bench.enqueue_sleeps(count, sleep_s))
+        step(f"async drain ({commands[key]}), {count:,} jobs: {result.rate:,.0f} jobs/s")
+        return result
+
+    # Our no-op drain, the async drain and the latency with the same workers (--threads T,
+    # as every drain of ours in this bench).
     bench = setups["threads"]
     with ours_workers(bench, run) as workers:
         bench.wait_ready(workers)
         bench.mark()
         noop_drain = drain_on(bench, workers, n, lambda: bench.enqueue_noops(n))
-        progress(f"  no-op drain ({commands['threads']}): {noop_drain.rate:,.0f} jobs/s")
+        step(f"no-op drain ({commands['threads']}): {noop_drain.rate:,.0f} jobs/s")
         bench.mark()
         threads_drain = drain_on(bench, workers, n, lambda: bench.enqueue_sleeps(n, sleep_s))
-        progress(f"  async drain ({commands['threads']}): {threads_drain.rate:,.0f} jobs/s")
-
-    # Our defaults: the async drain, its connections after it, the latency under load.
-    bench = setups["defaults"]
-    with ours_workers(bench, run) as workers:
-        bench.wait_ready(workers)
-        bench.mark()
-        default_drain = drain_on(bench, workers, n, lambda: bench.enqueue_sleeps(n, sleep_s))
-        progress(f"  async drain ({commands['defaults']}): {default_drain.rate:,.0f} jobs/s")
-        time.sleep(SETTLE)
+        step(f"async drain ({commands['threads']}): {threads_drain.rate:,.0f} jobs/s")
         lat = latency_on(bench, workers, run.sizes, sizes.load)
-        progress(
-            f"  latency p50 idle {lat['idle']['p50']:.1f} ms, under {sizes.load:,} in "
+        step(
+            f"latency p50 idle {lat['idle']['p50']:.1f} ms, under {sizes.load:,} in "
             f"flight {lat['loaded']['p50']:.1f} ms"
         )
 
+    # The peers, each between two drains of our defaults (the settings' threads). Smoke
+    # leaves those out (a set of workers costs ~4 s to start, settle and stop): the drain
+    # above is then the reference.
+    defaults: list[Drain] = []
+    if OPTIONS.smoke:
+        report.skip("async, the defaults' drains", f"smoke: {commands['threads']} stands in")
+    else:
+        defaults.append(ours_drain("defaults", n))
+    peers: list[dict[str, Any]] = []
+    for name, settings_of, measure in async_peers(report, processes, n, sleep_s, run.log_dir):
+        result = measure()
+        step(f"{name} ({settings_of}): {result.rate:,.0f} jobs/s")
+        before = defaults[-1].rate if defaults else threads_drain.rate
+        if not OPTIONS.smoke:
+            defaults.append(ours_drain("defaults", n))
+        after = defaults[-1].rate if defaults else threads_drain.rate
+        peers.append(
+            {
+                "name": name,
+                "settings": settings_of,
+                "drain": asdict(result),
+                "ours_before": before,
+                "ours_after": after,
+                "ratio": (before + after) / 2 / result.rate,
+            }
+        )
+
     # The old way: async bodies on the threads through async_to_sync.
-    bench = setups["old"]
-    m = sizes.threaded_jobs
-    with ours_workers(bench, run) as workers:
-        bench.wait_ready(workers)
-        bench.mark()
-        old_drain = drain_on(bench, workers, m, lambda: bench.enqueue_sleeps(m, sleep_s))
-        progress(f"  async drain ({commands['old']}), {m:,} jobs: {old_drain.rate:,.0f} jobs/s")
+    old_drain = ours_drain("old", sizes.threaded_jobs) if sizes.threaded_jobs else None
+    if old_drain is None:
+        report.skip("async, the old way", "--async-threaded-jobs 0 (smoke's)")
 
     # Memory and connections, the same number in flight on the loops, then on threads.
     memory: dict[str, Any] = {}
@@ -2551,14 +2589,36 @@ def phase_async(run: Run) -> None:
             bench.wait_ready(workers)
             memory[key] = in_flight_on(bench, workers, sizes.in_flight, sizes.in_flight_s)
         loaded = memory[key]["loaded"]
-        progress(
-            f"  {loaded['in_flight']:,} in flight ({commands[key]}): PSS "
+        step(
+            f"{loaded['in_flight']:,} in flight ({commands[key]}): PSS "
             f"{loaded['memory']['all_processes_pss_mb']:.0f} MB, "
             f"{loaded['connections']['held']} connections"
         )
 
-    # Procrastinate's async worker on the same jobs.
-    peers: list[dict[str, Any]] = []
+    skipped = {"defaults": not defaults, "old": old_drain is None}
+    details.update(
+        commands={k: c for k, c in commands.items() if not skipped.get(k)},
+        noop_drain=asdict(noop_drain),
+        threads_drain=asdict(threads_drain),
+        default_drains=[asdict(d) for d in defaults],
+        old_drain=asdict(old_drain) if old_drain else None,
+        latency_ms=lat,
+        in_flight=memory,
+        peers=peers,
+        load_average_end=[round(x, 2) for x in os.getloadavg()],
+    )
+    report.details["async"] = details
+    async_figures(report, details, sizes, threads)
+
+
+def async_peers(
+    report: Report, processes: int, count: int, seconds: float, log_dir: Path
+) -> list[tuple[str, str, Callable[[], Drain]]]:
+    """The peers phase async drains the same jobs with, as (name, settings, measure):
+    Procrastinate at each ``--procrastinate-concurrency`` (the first only in smoke), then
+    Oban (not in smoke: its own phase runs there). Those that cannot run here are
+    skipped with the reason."""
+    peers: list[tuple[str, str, Callable[[], Drain]]] = []
     why = async_procrastinate_unavailable()
     if why:
         report.skip("async, procrastinate", why)
@@ -2566,74 +2626,43 @@ def phase_async(run: Run) -> None:
         for concurrency in procrastinate_concurrencies():
             pool = min(concurrency + 1, OPTIONS.procrastinate_pool)
             peer = Procrastinate(processes, concurrency, "async", pool=pool)
-            result = drain(
-                peer,
-                n,
-                lambda peer=peer: peer.enqueue_sleeps(n, sleep_s),
-                run.log_dir,
-                f"async-procrastinate-{concurrency}",
-            )
-            peers.append({"concurrency": concurrency, "pool": pool, "drain": asdict(result)})
-            progress(
-                f"  procrastinate {processes} x concurrency {concurrency} (pool {pool}): "
-                f"{result.rate:,.0f} jobs/s"
-            )
-    oban: dict[str, Any] = {}
-    why = oban_unavailable()
+
+            def measure(peer: Procrastinate = peer) -> Drain:
+                plant = lambda: peer.enqueue_sleeps(count, seconds)  # noqa: E731
+                label = f"async-procrastinate-{peer.concurrency}"
+                return drain(peer, count, plant, log_dir, label)
+
+            settings_of = f"{processes} x concurrency {concurrency}, pool {pool}"
+            peers.append(("procrastinate", settings_of, measure))
+    why = oban_unavailable() or ("its own phase runs it in smoke" if OPTIONS.smoke else None)
     if why:
         report.skip("async, oban", why)
     else:
-        limit = OBAN_ASYNC_LIMIT
-        peer_oban = Oban(processes, limit)
-        try:
-            result = drain(
-                peer_oban,
-                n,
-                lambda: peer_oban.enqueue_sleeps(n, sleep_s),
-                run.log_dir,
-                f"async-oban-{limit}",
-            )
-        finally:
-            peer_oban.close()
-        oban = {"limit": limit, "drain": asdict(result)}
-        progress(f"  oban {processes} x --queues {OBAN_QUEUE}:{limit}: {result.rate:,.0f} jobs/s")
-    details.update(
-        noop_drain=asdict(noop_drain),
-        threads_drain=asdict(threads_drain),
-        default_drain=asdict(default_drain),
-        old_drain=asdict(old_drain),
-        latency_ms=lat,
-        in_flight=memory,
-        procrastinate=peers,
-        oban=oban,
-        load_average_end=[round(x, 2) for x in os.getloadavg()],
-    )
-    report.details["async"] = details
-    async_figures(report, details, sizes, threads)
+
+        def measure_oban() -> Drain:
+            peer = Oban(processes, OBAN_ASYNC_LIMIT)
+            try:
+                plant = lambda: peer.enqueue_sleeps(count, seconds)  # noqa: E731
+                return drain(peer, count, plant, log_dir, f"async-oban-{OBAN_ASYNC_LIMIT}")
+            finally:
+                peer.close()
+
+        settings_of = f"{processes} x --queues {OBAN_QUEUE}:{OBAN_ASYNC_LIMIT}"
+        peers.append(("oban", settings_of, measure_oban))
+    return peers
 
 
 def async_figures(report: Report, d: dict[str, Any], sizes: AsyncSizes, threads: int) -> None:
-    """Phase async's lines of the table and its checks, from its details."""
+    """Phase async's lines of the table and its checks, from its details. The async drain
+    set against the peers and the no-op drain is our defaults' (``run_jobs --processes
+    P``; the mean of its drains), or in smoke, which leaves those out, the no-op drain's
+    workers' (``--threads T``)."""
     n, sleep = sizes.jobs, f"sleep({sizes.sleep_s:g})"
-    noop_rate, default_rate = d["noop_drain"]["rate"], d["default_drain"]["rate"]
-    threads_rate, old_rate = d["threads_drain"]["rate"], d["old_drain"]["rate"]
-    commands = d["commands"]
-    peers = d["procrastinate"]
-    figure = Figure(
-        "async_drain_defaults",
-        f"async {sleep} drain, defaults",
-        "jobs/s",
-        default_rate,
-        None,
-        note=f"{n:,} jobs; {commands['defaults']}",
-    )
-    if peers:
-        figure.procrastinate = peers[0]["drain"]["rate"]
-        figure.note += f"; procrast.: concurrency {peers[0]['concurrency']}"
-    if d["oban"]:
-        figure.oban = d["oban"]["drain"]["rate"]
-        figure.note += f"; oban: limit {d['oban']['limit']}"
-    report.figures += [
+    commands, peers = d["commands"], d["peers"]
+    noop_rate, threads_rate = d["noop_drain"]["rate"], d["threads_drain"]["rate"]
+    defaults = [drain["rate"] for drain in d["default_drains"]]
+    old_rate = d["old_drain"]["rate"] if d["old_drain"] else None
+    report.figures.append(
         Figure(
             "async_noop_drain",
             "async phase: no-op drain",
@@ -2641,28 +2670,53 @@ def async_figures(report: Report, d: dict[str, Any], sizes: AsyncSizes, threads:
             noop_rate,
             None,
             note=f"{n:,} jobs; {commands['threads']}",
-        ),
-        figure,
-        Figure(
-            "async_drain_threads",
-            f"async {sleep} drain, {threads} thr.",
+        )
+    )
+    threads_row = Figure(
+        "async_drain_threads",
+        f"async {sleep} drain, {threads} thr.",
+        "jobs/s",
+        threads_rate,
+        None,
+        note=f"{n:,} jobs; {commands['threads']}",
+    )
+    report.figures.append(threads_row)
+    headline, which = threads_row, f"{threads} threads"
+    if defaults:
+        each = ", ".join(number(rate) for rate in defaults)
+        headline = Figure(
+            "async_drain_defaults",
+            f"async {sleep} drain, defaults",
             "jobs/s",
-            threads_rate,
+            statistics.mean(defaults),
             None,
-            note=commands["threads"],
-        ),
-        Figure(
-            "async_drain_old",
-            f"async {sleep} drain, old way",
-            "jobs/s",
-            old_rate,
-            None,
-            note=f"{sizes.threaded_jobs:,} jobs; {commands['old']}",
-        ),
-    ]
+            note=f"{n:,} jobs; {commands['defaults']}; mean of {len(defaults)}: {each}",
+        )
+        report.figures.append(headline)
+        which = "defaults"
+    for peer in peers:
+        column = "procrastinate" if peer["name"] == "procrastinate" else "oban"
+        if getattr(headline, column) is None:  # the first of each peer: its docs' settings
+            setattr(headline, column, peer["drain"]["rate"])
+            headline.note += f"; {peer['name']}: {peer['settings']}"
+    if old_rate:
+        report.figures.append(
+            Figure(
+                "async_drain_old",
+                f"async {sleep} drain, old way",
+                "jobs/s",
+                old_rate,
+                None,
+                note=f"{sizes.threaded_jobs:,} jobs; {commands['old']}",
+            )
+        )
     memory = d["in_flight"]
     for key, label in (("loop", "loop"), ("on_threads", "threads")):
         loaded, idle = memory[key]["loaded"], memory[key]["idle"]
+        held = loaded["connections"]
+        total = f", {held['database_total']} in the database" if held["database_total"] else ""
+        grown = loaded["memory"]["all_processes_pss_mb"] - idle["memory"]["all_processes_pss_mb"]
+        per_job = grown * 1024 / loaded["in_flight"] if loaded["in_flight"] else 0.0
         report.figures += [
             Figure(
                 f"async_pss_{key}",
@@ -2671,17 +2725,17 @@ def async_figures(report: Report, d: dict[str, Any], sizes: AsyncSizes, threads:
                 loaded["memory"]["all_processes_pss_mb"],
                 None,
                 False,
-                f"idle {idle['memory']['all_processes_pss_mb']:.0f} MB; "
-                f"{memory[key]['processes']} processes; {commands[key]}",
+                f"idle {idle['memory']['all_processes_pss_mb']:.1f} MB (+{per_job:.0f} KB per "
+                f"job in flight); {memory[key]['processes']} processes; {commands[key]}",
             ),
             Figure(
                 f"async_connections_{key}",
                 f"connections, in flight, {label}",
                 "conns",
-                loaded["connections"]["held"],
+                held["held"],
                 None,
                 False,
-                f"idle {idle['connections']['held']}; {loaded['connections']['how']}",
+                f"idle {idle['connections']['held']}{total}; {held['how']}",
             ),
         ]
     lat = d["latency_ms"]
@@ -2695,49 +2749,46 @@ def async_figures(report: Report, d: dict[str, Any], sizes: AsyncSizes, threads:
                 None,
                 False,
                 f"idle {lat['idle'][cut]:.1f} ms; {lat['load']:,} sleeps in flight "
-                f"({lat['load_left']:,} left after the last probe); {commands['defaults']}",
+                f"({lat['load_left']:,} left after the last probe); {commands['threads']}",
             )
         )
     for peer in peers:
+        target = ">= 1.2" if peer["name"] == "procrastinate" else "none"
         report.checks.append(
             Check(
-                f"async_over_procrastinate_{peer['concurrency']}",
-                f"async drain: ours / procrast. concurrency {peer['concurrency']}",
-                default_rate / peer["drain"]["rate"],
-                f">= 1.2 (procrast. {number(peer['drain']['rate'])} jobs/s, pool {peer['pool']})",
+                f"async_over_{peer['name']}_{peer['settings']}",
+                f"async drain: {which} / {peer['name']}, {peer['settings']}",
+                peer["ratio"],
+                f"{target} ({peer['name']} {number(peer['drain']['rate'])} jobs/s; ours "
+                f"{number(peer['ours_before'])} before, {number(peer['ours_after'])} after)",
             )
         )
-    if d["oban"]:
+    rate = headline.ours or 0.0
+    report.checks.append(
+        Check("async_over_noop", f"async drain: {which} / no-op drain", rate / noop_rate, ">= 0.5")
+    )
+    if defaults:
         report.checks.append(
             Check(
-                "async_over_oban",
-                f"async drain: ours / oban limit {d['oban']['limit']}",
-                default_rate / d["oban"]["drain"]["rate"],
-                f"none (oban {number(d['oban']['drain']['rate'])} jobs/s)",
+                "async_threads_over_noop",
+                f"async drain: {threads} threads / no-op drain",
+                threads_rate / noop_rate,
+                "none (the no-op drain's own workers, one after the other)",
+            )
+        )
+    if old_rate:
+        report.checks.append(
+            Check(
+                "async_over_old",
+                f"async drain: {which} / old way",
+                rate / old_rate,
+                f"none (the old way: {threads} threads x {processes_of(commands)} / "
+                f"{sizes.sleep_s:g} s at most)",
             )
         )
     pss = {k: memory[k]["loaded"]["memory"]["all_processes_pss_mb"] for k in memory}
     grown = {k: pss[k] - memory[k]["idle"]["memory"]["all_processes_pss_mb"] for k in memory}
     report.checks += [
-        Check(
-            "async_over_noop",
-            "async drain: defaults / no-op drain",
-            default_rate / noop_rate,
-            ">= 0.5",
-        ),
-        Check(
-            "async_threads_over_noop",
-            f"async drain: {threads} threads / no-op drain",
-            threads_rate / noop_rate,
-            "none (the no-op drain's workers)",
-        ),
-        Check(
-            "async_over_old",
-            "async drain: defaults / old way",
-            default_rate / old_rate,
-            f"none (old way: {threads} threads x {processes_of(commands)} / {sizes.sleep_s:g} s "
-            "at most)",
-        ),
         Check(
             "async_pss_loop_over_threads",
             "in flight: PSS loop / threads",
@@ -3194,10 +3245,11 @@ def print_async_header(info: dict[str, Any], sizes: AsyncSizes) -> None:
     """Phase async's setups, as its details recorded them (or would have)."""
     phase = info.get("async") or {}
     processes = OPTIONS.processes or ASYNC_PROCESSES
+    old_way = f"; the old way drains {sizes.threaded_jobs:,}" if sizes.threaded_jobs else ""
     print(
         f"async: {sizes.jobs:,} jobs awaiting asyncio.sleep({sizes.sleep_s:g}) (bench/tasks.py "
         f"sleep_async) drained by {processes} worker processes, against {sizes.jobs:,} no-op "
-        f"jobs; the old way drains {sizes.threaded_jobs:,}; memory and connections with "
+        f"jobs{old_way}; memory and connections with "
         f"{sizes.in_flight:,} sleeping {sizes.in_flight_s:g} s in flight; latency of async "
         f"no-op probes idle, then under {sizes.load:,} in flight"
     )
