@@ -2438,7 +2438,8 @@ def latency_on(
 ) -> dict[str, dict[str, float] | int]:
     """Enqueue→start of async no-op probes, one every ``latency_interval_ms``: with
     the workers idle, then while ``load`` async sleeps are in flight on them (each
-    sleeping through the probes' window and 1 s more). ``load_left`` counts the load's
+    sleeping through the probes' window and half as long again, at least 1 s: the load
+    takes a while to be all in flight on a busy machine). ``load_left`` counts the load's
     jobs still running once the last probe was enqueued: all of them, or the probes did
     not run under the whole load. The workers come from a drain of async jobs: a few
     probes first (the probe task's import), half a second to go idle, then the count."""
@@ -2452,7 +2453,8 @@ def latency_on(
     wait_finished(bench, workers, samples)
     idle = bench.latencies_ms(ids)
     bench.mark()
-    load_s = samples * interval / 1000 + 1.0
+    window = samples * interval / 1000
+    load_s = window + max(1.0, window / 2)
     bench.enqueue_sleeps(load, load_s)
     wait_until(
         lambda: bench.running_count() >= load, workers, f"{load:,} async jobs in flight", load_s
