@@ -23,6 +23,7 @@ __all__ = [
     "Exponential",
     "Snooze",
     "acancel",
+    "adependency_results",
     "bulk_enqueue",
     "cancel",
     "cancel_requested",
@@ -190,10 +191,19 @@ def get_workflow(workflow_id: int, *, using: str | None = None) -> WorkflowResul
 
 
 def dependency_results() -> list[TaskResult]:
-    """Inside a task: the results of the jobs it waited for, in its ``after`` order."""
+    """Inside a task: the results of the jobs it waited for, in its ``after`` order. In an
+    ``async def`` task: ``await adependency_results()``."""
     from django_jobs.core.workflows import dependency_results as _results
 
     return _results()
+
+
+async def adependency_results() -> list[TaskResult]:
+    """``dependency_results()`` for an ``async def`` task (its queries run on the job's ORM
+    thread, docs/tasks.md "Async jobs")."""
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(dependency_results)()
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,12 @@ from django.db import models
 from django.tasks import TaskResultStatus
 from django.utils import timezone
 
-from django_jobs.db.indexes import NotNullIndex, NotNullUniqueConstraint, PostgresIndex
+from django_jobs.db.indexes import (
+    NotNullIndex,
+    NotNullUniqueConstraint,
+    PostgresIndex,
+    TrueOnlyIndex,
+)
 from django_jobs.db.lookups import exact_prefixes
 
 
@@ -304,11 +309,7 @@ class ReadyExecution(models.Model):
             NotNullIndex(fields=["concurrency_key"], name="jobs_ready_keyed"),
             # The claim of a worker with room on its event loop only (PostgreSQL and
             # SQLite; MySQL/MariaDB have no partial index and read the order above).
-            models.Index(
-                fields=["-priority", "job"],
-                name="jobs_ready_async",
-                condition=models.Q(is_async=True),
-            ),
+            TrueOnlyIndex(fields=["-priority", "job"], name="jobs_ready_async", flag="is_async"),
         ]
 
     def __str__(self) -> str:

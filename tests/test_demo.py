@@ -1,13 +1,14 @@
 """The README's first command, ``testproject/manage.py demo``, run as a user runs it.
 
 A real subprocess on a fresh SQLite file (the demo's own database, not the test
-database): it must stop by itself, log each job event once, and close with the
-summary and the way into the admin. What the log says is checked against the
-jobs table the demo leaves behind.
+database): it must stop by itself, log each job event once (but the async fan-out's
+starts and finishes, which it leaves out), and close with the summary and the way into
+the admin. What the log says is checked against the jobs table the demo leaves behind.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -35,6 +36,15 @@ pytestmark = [
 EVENT = re.compile(r"job (started|finished|failed) task=(\S+) job=(\d+) attempt=(\d+)")
 # Generous: the demo takes about 5 s; a loaded CI machine may take several times that.
 TIMEOUT = 90
+# The async step: 200 fetches from a stub server that answers each after 1 s.
+FETCH_TASK = "testproject.demo.tasks.fetch_page"
+FETCHES = 200
+FETCH_DELAY = 1.0
+# Their span, from the first start to the last end, must stay under this to show that they
+# overlapped: one after another they take 200 s, and on the worker's 3 threads (where an
+# async job would run without the event loop) 67 s. Far above the 1-2 s they take, so a
+# slow machine does not fail it: it tells overlap from none, not fast from slow.
+FETCH_SPAN_BOUND = 50.0
 
 
 def demo_env(db_path: Path) -> dict[str, str]:
@@ -85,6 +95,31 @@ def jobs_of(db_path: Path) -> dict[int, tuple[str, str, int, datetime, datetime 
     }
 
 
+def fetches_of(db_path: Path, ids: set[int]) -> list[tuple]:
+    """(id, status, attempts, is_async, args, return value, started_at, finished_at) of the
+    fetch jobs among ``ids``."""
+    with sqlite3.connect(db_path) as db:
+        rows = db.execute(
+            "SELECT id, status, attempts, is_async, args, return_value, started_at, finished_at "
+            "FROM django_jobs_job WHERE task_path = ? ORDER BY id",
+            [FETCH_TASK],
+        ).fetchall()
+    return [
+        (
+            job_id,
+            status,
+            attempts,
+            bool(is_async),
+            json.loads(args),
+            json.loads(value) if value is not None else None,
+            datetime.fromisoformat(started) if started else None,
+            datetime.fromisoformat(finished) if finished else None,
+        )
+        for job_id, status, attempts, is_async, args, value, started, finished in rows
+        if job_id in ids
+    ]
+
+
 def errors_of(db_path: Path) -> dict[int, list[str]]:
     """{job id: the class names of its failed attempts, in order} from the demo's database."""
     with sqlite3.connect(db_path) as db:
@@ -120,8 +155,10 @@ def check_run(output: str, jobs: dict, new_ids: set[int], db_path: Path) -> None
     events = events_of(output)
     counts = Counter((event, job, attempt) for event, _, job, attempt in events)
     assert [key for key, n in counts.items() if n > 1] == [], output
-    assert {job for _, _, job, _ in events} == new_ids, output
-    for job_id in new_ids:
+    fetch_ids = {i for i in new_ids if jobs[i][0] == FETCH_TASK}
+    logged = new_ids - fetch_ids  # the fetches' starts and finishes are left out of the log
+    assert {job for _, _, job, _ in events} == logged, output
+    for job_id in logged:
         task, status, attempts, _, _ = jobs[job_id]
         expected = {("started", job_id, n) for n in range(1, attempts + 1)}
         expected |= {("failed", job_id, n) for n in range(1, attempts)}
@@ -188,6 +225,7 @@ def check_run(output: str, jobs: dict, new_ids: set[int], db_path: Path) -> None
     assert re.search(r"import_products stopped after \d+ rows: cancel requested", output)
     assert f"job {endless} cancelled: interrupting" not in output  # it stopped by itself
     assert f"cancel #{endless} failed: JobCancelled on attempt 1 of 1" in text
+    check_fetches(output, fetch_ids, db_path)
     # The summary, from the database's own counts.
     statuses = Counter(jobs[i][1] for i in new_ids)
     assert (
@@ -196,6 +234,53 @@ def check_run(output: str, jobs: dict, new_ids: set[int], db_path: Path) -> None
     assert "Every job of the tour has ended" in output
     assert "testproject/manage.py runserver" in output
     assert "http://127.0.0.1:8000/admin/django_jobs/" in output
+
+
+def check_fetches(output: str, fetch_ids: set[int], db_path: Path) -> None:
+    """The async step: 200 async jobs, each waited its full second on the stub server, all
+    succeeded, and they overlapped: the sum of their runs is 200 s or more, their span a
+    small part of it. The figures the demo prints are those of the jobs' own rows."""
+    text = flat(output)
+    assert len(fetch_ids) == FETCHES
+    fetches = fetches_of(db_path, fetch_ids)
+    assert [row[1:4] for row in fetches] == [("succeeded", 1, True)] * FETCHES
+    port = None
+    for _, _, _, _, (url,), value, started, finished in fetches:
+        match = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/item/\d+", url)
+        assert match, url
+        assert port in (None, match[1]), "one stub server for the whole fan-out"
+        port = match[1]
+        assert value == {"url": url, "status": 200, "bytes": value["bytes"]} and value["bytes"]
+        # The stub answers 1 s after it has read the request: a shorter run never reached it.
+        assert (finished - started).total_seconds() >= FETCH_DELAY * 0.95, (url, started, finished)
+    first = min(row[6] for row in fetches)
+    last = max(row[7] for row in fetches)
+    span = (last - first).total_seconds()
+    busy = sum((row[7] - row[6]).total_seconds() for row in fetches)
+    assert busy >= FETCHES * FETCH_DELAY * 0.95
+    assert span < FETCH_SPAN_BOUND, f"the fetches took {span:.1f} s: they did not overlap"
+    # What the demo says, before and after.
+    assert (
+        f"{FETCHES} fetches that each wait {FETCH_DELAY:g} s finish in about a second or two, "
+        f"on one event loop, not {FETCHES} threads" in text
+    )
+    assert f"http://127.0.0.1:{port}/" in text
+    assert f"#{min(fetch_ids)} to #{max(fetch_ids)} fetch_page" in text
+    said = re.findall(
+        rf"(?:Demo: the fetches have ended:|async) {FETCHES} of {FETCHES} succeeded, "
+        r"([\d.]+) s from the first start to the last end \(their started_at and finished_at\), "
+        r"up to (\d+) running at once",
+        text,
+    )
+    assert len(said) == 2, text  # once as they end, once in the summary
+    # The most running at once: at some fetch's start, how many had started and not ended.
+    runs = [(row[6], row[7]) for row in fetches]
+    peak = max(sum(1 for s, f in runs if s <= start < f) for start, _ in runs)
+    for seconds, printed_peak in said:
+        assert abs(float(seconds) - span) <= 0.051, (seconds, span)
+        assert int(printed_peak) == peak
+    assert re.search(r"The stub server held up to (\d+) requests at once", text)
+    assert f"?task_path={FETCH_TASK}" in text
 
 
 def flat(output: str) -> str:
@@ -252,3 +337,23 @@ def test_ctrl_c_stops_the_demo_early_and_cleanly(tmp_path):
     assert "Every job of the tour has ended" not in text
     assert "Traceback" not in text, output
     assert "http://127.0.0.1:8000/admin/django_jobs/" in text
+    # The fetches' stub server stops with the demo: none is left to fail later against it.
+    # Those the stop came before are cancelled (the rest had succeeded), and the demo says so.
+    db_path = tmp_path / "demo.sqlite3"
+    fetches = fetches_of(db_path, set(jobs_of(db_path)))
+    assert len(fetches) == FETCHES
+    outcomes = Counter(row[1] for row in fetches)
+    assert set(outcomes) <= {"succeeded", "failed"}, outcomes
+    errors = errors_of(db_path)
+    cancelled = [row[0] for row in fetches if row[1] == "failed"]
+    assert all(errors[job_id] == ["JobCancelled"] for job_id in cancelled)
+    if cancelled:
+        assert re.search(
+            rf"The {len(cancelled)} fetch(es)? that had not ended (is|are) cancelled", text
+        )
+        assert (
+            f"async {outcomes['succeeded']} of {FETCHES} fetches succeeded before the demo "
+            f"stopped, {len(cancelled)} w"
+        ) in text
+    else:  # all had been claimed before the Ctrl-C: the graceful stop let them end
+        assert f"async {FETCHES} of {FETCHES} succeeded, " in text

@@ -83,6 +83,15 @@ class MemoryTransport(Transport):
         return self.items("transaction")
 
 
+@pytest.fixture(autouse=True)
+def sentry_alone(monkeypatch):
+    """Sentry without OpenTelemetry, as most projects run it. tests/test_tracing.py sets
+    OpenTelemetry's SDK for the whole process (a tracer provider is set once, never
+    unset): run before these on the same pytest worker, its headers filled the rows these
+    tests expect empty. A test of the two together sets its own."""
+    monkeypatch.setattr(tracing, "_api", False)
+
+
 @pytest.fixture
 def sentry():
     """A Sentry client with the integration (and the logging one), for one test."""

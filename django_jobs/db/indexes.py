@@ -72,6 +72,38 @@ def as_built[T: (models.Index, models.UniqueConstraint)](
     return django_class(*args, **options)
 
 
+class TrueOnlyIndex(models.Index):
+    """An index of the rows whose boolean ``flag`` is true, built only where the database
+    has partial indexes (PostgreSQL, SQLite): the async jobs' ready rows, which a claim for
+    room on the event loop alone reads (``jobs_ready_async``). Most ready rows are sync
+    jobs': a full index would hold them all, and MySQL/MariaDB, with no partial index,
+    would get a copy of the claim order's index (and Django's ``models.W037`` at every
+    ``migrate``); there nothing is built, and that claim reads the claim order's index.
+
+    Added and removed only through :class:`django_jobs.db.online_index.AddIndexOnline`,
+    which skips the other vendors.
+    """
+
+    vendors = ("postgresql", "sqlite")
+
+    def __init__(self, *args: Any, flag: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.flag = flag
+
+    def deconstruct(self) -> Any:
+        path, args, kwargs = super().deconstruct()
+        kwargs["flag"] = self.flag
+        return path, args, kwargs
+
+    def create_sql(
+        self, model: type[models.Model], schema_editor: Any, using: str = "", **kwargs: Any
+    ) -> Any:
+        _, args, options = super().deconstruct()
+        options["condition"] = Q(**{self.flag: True})
+        built = models.Index(*args, **options)
+        return built.create_sql(model, schema_editor, using=using, **kwargs)
+
+
 class PostgresIndex(models.Index):
     """An index built on PostgreSQL only, with its access ``method`` (``"gin"``) and the
     ``opclasses`` only PostgreSQL has (``varchar_pattern_ops``): the GIN indexes of the

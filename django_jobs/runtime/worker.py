@@ -109,8 +109,10 @@ class Worker:
             if conf.async_jobs > 0
             else None
         )
-        # The jobs of ``running`` that run on the lane.
+        # The jobs of ``running`` that run on the lane, and those of the lane whose success
+        # may still wait for the completer.
         self.on_lane: set[int] = set()
+        self.lane_unwritten: set[int] = set()
         # The last claim of either kind was full of async jobs only: the next claims async
         # jobs alone, as many as the loop has room for (then either kind again).
         self.async_next = False
@@ -147,6 +149,18 @@ class Worker:
         threads = self.conf.threads
         return min(threads - busy, unrecorded_bound(threads) - busy - len(unwritten))
 
+    def idle_slots(self) -> int:
+        """How many async jobs the event loop takes now: free slots, within the same bound
+        on unwritten successes as the threads (:meth:`idle_threads`), so that a SIGKILL
+        costs at most ``unrecorded_bound(async_jobs)`` async successes more."""
+        assert self.lane is not None
+        unwritten = self.completer.pending_ids()
+        with self.lock:
+            self.lane_unwritten &= unwritten | self.on_lane
+            waiting = len(self.lane_unwritten & unwritten)
+        slots = self.conf.async_jobs
+        return min(self.lane.free(), unrecorded_bound(slots) - (slots - self.lane.free()) - waiting)
+
     def capacity(self) -> tuple[int, Lane | None]:
         """How many jobs to claim now, and of which lane (None: of either).
 
@@ -165,7 +179,7 @@ class Worker:
         threads = self.idle_threads()
         if self.lane is None:
             return threads, None
-        slots = self.lane.free()
+        slots = self.idle_slots()
         if slots > 0 and (threads <= 0 or self.async_next):
             self.async_next = False
             return slots, Lane.ASYNC
@@ -331,6 +345,7 @@ class Worker:
             if self.lane is not None and runs_async(job):
                 with self.lock:
                     self.on_lane.add(job.pk)
+                    self.lane_unwritten.add(job.pk)
                 self.lane.submit(job, job.pk in started, lambda job=job: self.ended(job))
             else:
                 self.pool.submit(self.run_one, job, job.pk in started)

@@ -7,8 +7,10 @@ fails exactly once, the failing job always fails, the keyed pair always takes tu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from urllib.parse import urlsplit
 
 from django.tasks import TaskContext, task
 
@@ -150,3 +152,46 @@ def import_products(supplier: str) -> int:
         time.sleep(0.05)
     logger.info("import_products stopped after %s rows: cancel requested", rows)
     return rows
+
+
+# Async jobs (docs/tasks.md, "Async jobs"): a fan-out of fetches that spend their time
+# waiting on the network, each an ``async def`` job on the worker's event loop.
+
+# The fan-out's size, and how long the demo's stub server waits before each answer.
+FETCHES = 200
+FETCH_DELAY_SECONDS = 1.0
+# A fetch still waiting after this is cut short (JobTimeout): the tour never hangs on one.
+FETCH_TIMEOUT_SECONDS = 30.0
+
+
+@jobs_task(timeout=FETCH_TIMEOUT_SECONDS)
+async def fetch_page(url: str) -> dict:
+    """GET ``url`` with a plain HTTP/1.1 request over ``asyncio.open_connection``: the
+    standard library's non-blocking streams, no HTTP client to install. Each ``await``
+    hands the loop to the other fetches, so all of them wait for their answers at once,
+    on one thread; a blocking call here (``urllib``, ``time.sleep``) would hold them all."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"fetch_page takes a plain http:// URL, not {url!r}")
+    target = parts.path or "/"
+    if parts.query:
+        target += f"?{parts.query}"
+    request = f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: close\r\n\r\n"
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+    try:
+        writer.write(request.encode("ascii"))
+        await writer.drain()
+        response = await reader.read()  # the whole answer: the server closes after it
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):  # the answer, if any, is already read
+            await writer.wait_closed()
+    head, _, body = response.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    fields = status_line.split(" ", 2)
+    if len(fields) < 2 or not fields[1].isdigit():
+        raise ConnectionError(f"{url} answered {status_line!r}, not an HTTP status line")
+    status = int(fields[1])
+    if status != 200:
+        raise ConnectionError(f"{url} answered {status_line!r}")
+    return {"url": url, "status": status, "bytes": len(body)}

@@ -1,10 +1,10 @@
 """``manage.py demo``: a tour of django-jobs that runs its jobs and stops by itself.
 
-It migrates, makes sure there is a superuser to look at the admin with, enqueues one
-job (or small group) per feature, says what to expect of each, then runs
-``run_jobs --single-process`` until every job of the tour has ended, and closes with
-what happened and where to see it in the admin. Ctrl-C stops it early, through
-``run_jobs``'s own graceful shutdown.
+It migrates, makes sure there is a superuser to look at the admin with, starts a local
+stub HTTP server for the async step, enqueues one job (or small group) per feature, says
+what to expect of each, then runs ``run_jobs --single-process`` until every job of the
+tour has ended, and closes with what happened and where to see it in the admin. Ctrl-C
+stops it early, through ``run_jobs``'s own graceful shutdown.
 """
 
 from __future__ import annotations
@@ -32,9 +32,13 @@ from django.tasks import TaskResult
 from django.utils import timezone
 
 from django_jobs import bulk_enqueue, cancel, enqueue_batch, get_workflow, progress, workflow
+from django_jobs.conf import JobsSettings
+from django_jobs.exceptions import JobAlreadyFinished
 from django_jobs.models import FINISHED_STATUSES, Batch, FailedExecution, Job, JobStatus
 from django_jobs.runtime.logs import flush_buffered_lines
 from testproject.demo import tasks
+from testproject.demo.fanout import FanOut, fan_out
+from testproject.demo.stub_server import SlowServer
 
 DEFER_SECONDS = 3
 WIDTH = 100
@@ -64,6 +68,7 @@ class Tour:
     export: TaskResult
     slow_sync: TaskResult
     endless_import: TaskResult
+    fetches: list[TaskResult]
     started: float = field(default_factory=time.monotonic)
 
     def job_ids(self) -> set[int]:
@@ -81,8 +86,12 @@ class Tour:
             self.export,
             self.slow_sync,
             self.endless_import,
+            *self.fetches,
         ]
         return {int(result.id) for result in everything}
+
+    def fetch_ids(self) -> list[int]:
+        return sorted(int(result.id) for result in self.fetches)
 
     def callback_ids(self) -> set[int]:
         """The batch's callback jobs, once its last row has ended and enqueued them."""
@@ -99,8 +108,9 @@ class Tour:
         )
 
 
-def enqueue_tour() -> Tour:
-    """One job (or small group) per feature; see ``Command.introduce`` for what each shows."""
+def enqueue_tour(server: SlowServer) -> Tour:
+    """One job (or small group) per feature; see ``Command.introduce`` for what each shows.
+    The async step's fetches ask ``server``, which must run until they have ended."""
     plain = [tasks.add.enqueue(2, 3), tasks.fetch_status.enqueue("https://example.com")]
     emails = bulk_enqueue([(tasks.send_welcome_email, [user_id], {}) for user_id in (1, 2, 3)])
     retry = tasks.flaky_report.enqueue(report_id=7)
@@ -121,6 +131,9 @@ def enqueue_tour() -> Tour:
     export = tasks.export_orders.enqueue("2026-10")
     slow_sync = tasks.sync_catalogue.enqueue("acme")
     endless_import = tasks.import_products.enqueue("acme")
+    fetches = bulk_enqueue(
+        [(tasks.fetch_page, [server.url(f"/item/{n}")], {}) for n in range(tasks.FETCHES)]
+    )
     return Tour(
         plain=plain,
         emails=emails,
@@ -137,18 +150,21 @@ def enqueue_tour() -> Tour:
         export=export,
         slow_sync=slow_sync,
         endless_import=endless_import,
+        fetches=fetches,
     )
 
 
 class ControlTour:
-    """What the demo does while the jobs run: cancels the endless import once it runs, and
-    says how far the export has got each time its progress changes (``progress()``)."""
+    """What the demo does while the jobs run: cancels the endless import once it runs,
+    says how far the export has got each time its progress changes (``progress()``), and
+    when the async fan-out has ended (the log leaves out its starts and finishes, 400 lines)."""
 
     def __init__(self, tour: Tour, say: Callable[[str], None]) -> None:
         self.tour = tour
         self.say = say
         self.cancelled = False
         self.last_progress: tuple | None = None
+        self.fetches_ended = False
 
     def tick(self) -> None:
         if not self.cancelled and job_row(self.tour.endless_import).status == JobStatus.RUNNING:
@@ -168,6 +184,11 @@ class ControlTour:
                     f"Demo: progress(#{self.tour.export.id}) -> {reported.summary} "
                     f"({reported.message})"
                 )
+        if not self.fetches_ended:
+            fetches = fan_out(self.tour.fetch_ids())
+            if (fetch_span := fetches.span) is not None:
+                self.fetches_ended = True
+                self.say(f"Demo: the fetches have ended: {fetch_figures(fetches, fetch_span)}.")
 
 
 class DoneWatcher(threading.Thread):
@@ -242,15 +263,20 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         began = time.monotonic()
+        # Until the tour is over: the async step's fetches ask it.
+        with SlowServer(tasks.FETCH_DELAY_SECONDS) as server:
+            self.run_tour(began, server)
+
+    def run_tour(self, began: float, server: SlowServer) -> None:
         try:
             call_command("migrate", verbosity=0)
             login = ensure_superuser()
-            tour = enqueue_tour()
+            tour = enqueue_tour(server)
         except KeyboardInterrupt:
             self.say("Stopped before any job ran.")
             return
-        self.introduce(tour)
-        use_short_log_lines()
+        self.introduce(tour, server)
+        use_short_log_lines(quiet_task=tasks.fetch_page.module_path)
         watcher = DoneWatcher(
             tour,
             signal.getsignal(signal.SIGINT),
@@ -266,19 +292,29 @@ class Command(BaseCommand):
         finally:
             watcher.stop.set()
             watcher.join()
+        dropped = 0
         if watcher.finished.is_set():
             self.say(f"Done in {time.monotonic() - began:.1f} s.", self.style.SUCCESS)
         else:
+            # Their stub server stops with the demo: run later, they could only fail.
+            dropped = cancel_unfinished(tour.fetch_ids())
             left = tour.unfinished()
             self.say(
                 f"Stopped early: {left} job(s) of the tour had not ended. They stay in the "
-                "database; run the demo again, or testproject/manage.py run_jobs, to finish them.",
+                "database; run the demo again, or testproject/manage.py run_jobs, to finish them."
+                + (
+                    f" The {dropped} {plural(dropped, 'fetch', 'fetches')} that had not ended "
+                    f"{plural(dropped, 'is', 'are')} cancelled: the stub server they ask stops "
+                    "with the demo."
+                    if dropped
+                    else ""
+                ),
                 self.style.WARNING,
             )
-        self.summarise(tour)
+        self.summarise(tour, server, dropped)
         self.point_to_admin(login)
 
-    def introduce(self, tour: Tour) -> None:
+    def introduce(self, tour: Tour, server: SlowServer) -> None:
         keyed = [job_row(result) for result in tour.keyed]
         first, second = tour.unique
         same = "the same job" if first.id == second.id else "two jobs (unexpected!)"
@@ -344,18 +380,29 @@ class Command(BaseCommand):
                 "cancels it once it runs; it stops by itself, FAILED with JobCancelled, never "
                 "retried",
             ),
+            (
+                "async",
+                f"{id_range(tour.fetch_ids())} fetch_page, {len(tour.fetches)} async def jobs, "
+                f"each a GET to a stub server on this machine ({server.url('/')}) that answers "
+                f"after {tasks.FETCH_DELAY_SECONDS:g} s. {len(tour.fetches)} fetches that each "
+                f"wait {tasks.FETCH_DELAY_SECONDS:g} s finish in about a second or two, on one "
+                f"event loop, not {len(tour.fetches)} threads (this worker has "
+                f"{JobsSettings.load().threads} threads for sync jobs)",
+            ),
         ]
         self.say(f"django-jobs demo, on {database_label()}", self.style.MIGRATE_HEADING)
         self.say(f"Enqueued {len(tour.job_ids())} jobs:")
         for label, text in lines:
             self.item(label, text)
         self.say(
-            "Running them: run_jobs --single-process, one log line per job event; it stops "
-            "when all have ended (Ctrl-C: sooner).",
+            "Running them: run_jobs --single-process, one log line per job event (but the "
+            "fetches' starts and ends: the demo says when they have all ended); it stops when "
+            "all have ended (Ctrl-C: sooner).",
             self.style.MIGRATE_HEADING,
         )
 
-    def summarise(self, tour: Tour) -> None:
+    def summarise(self, tour: Tour, server: SlowServer, dropped: int) -> None:
+        """What came of each step; ``dropped``: the fetches cancelled at an early stop."""
         ids_ = tour.job_ids() | tour.callback_ids()
         jobs = {job.pk: job for job in Job.objects.filter(pk__in=ids_)}
         counts: dict[str, int] = {}
@@ -416,6 +463,20 @@ class Command(BaseCommand):
         for label, job_id in (("timeout", tour.slow_sync.id), ("cancel", tour.endless_import.id)):
             if job := ran(job_id):
                 notes.append((label, f"#{job.pk} {job.status}: {last_error(job)}"))
+        fetches = fan_out(tour.fetch_ids())
+        if (fetch_span := fetches.span) is not None and not dropped:
+            text = (
+                f"{fetch_figures(fetches, fetch_span)}; one after another they would have taken "
+                f"{fetches.total * tasks.FETCH_DELAY_SECONDS:g} s. The stub server held up to "
+                f"{server.peak} requests at once."
+            )
+        else:
+            text = (
+                f"{fetches.succeeded} of {fetches.total} fetches succeeded before the demo stopped"
+            )
+            if dropped:
+                text += f", {dropped} {plural(dropped, 'was', 'were')} cancelled as it stopped"
+        notes.append(("async", text))
         for label, text in notes:
             self.item(label, text)
 
@@ -433,6 +494,11 @@ class Command(BaseCommand):
             "and the cancel's), shows the progress its task reported, and has a Cancel button "
             "while the job waits or runs. Batches: the import and its callback. Workflows: "
             "the price check and its graph. Processes: empty again, the worker has stopped.",
+            indent="  ",
+        )
+        self.say(
+            "The fetches, each with when it started and finished and what it returned: "
+            f"{ADMIN_URL}job/?task_path={tasks.fetch_page.module_path}",
             indent="  ",
         )
 
@@ -465,13 +531,66 @@ def ensure_superuser() -> str:
     return f"as {username} / {password} (a superuser the demo created)"
 
 
-def use_short_log_lines() -> None:
-    """Short lines, on standard output (in order with the demo's own lines)."""
+def use_short_log_lines(quiet_task: str) -> None:
+    """Short lines, on standard output (in order with the demo's own lines), without the
+    start and finish lines of ``quiet_task``'s jobs (the fan-out's: hundreds of them)."""
+    quiet = QuietStartsAndFinishes(quiet_task)
     for name in ("django_jobs", "testproject"):
         for handler in logging.getLogger(name).handlers:
             handler.setFormatter(LOG_FORMAT)
+            handler.addFilter(quiet)
             if isinstance(handler, logging.StreamHandler):
                 handler.setStream(sys.stdout)
+
+
+class QuietStartsAndFinishes(logging.Filter):
+    """Drops the worker's "job started" and "job finished" lines of one task's jobs; its
+    failures, and every other line, still show."""
+
+    def __init__(self, task_path: str) -> None:
+        super().__init__()
+        self.routine = (f"job started task={task_path} ", f"job finished task={task_path} ")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.name == "django_jobs.worker" and record.getMessage().startswith(self.routine)
+        )
+
+
+def cancel_unfinished(job_ids: list[int]) -> int:
+    """Cancel those of ``job_ids`` that have not ended; how many were cancelled."""
+    cancelled = 0
+    waiting = Job.objects.filter(pk__in=job_ids).exclude(status__in=FINISHED_STATUSES)
+    for job_id in waiting.values_list("pk", flat=True):
+        try:
+            cancel(job_id)
+        except JobAlreadyFinished:  # it ended in between
+            continue
+        cancelled += 1
+    return cancelled
+
+
+def fetch_figures(fetches: FanOut, span: float) -> str:
+    """'200 of 200 succeeded, 1.3 s from the first start to the last end, up to 200 at once'."""
+    return (
+        f"{fetches.succeeded} of {fetches.total} succeeded, {span:.1f} s from the "
+        f"first start to the last end (their started_at and finished_at), up to "
+        f"{fetches.peak} running at once"
+    )
+
+
+def plural(n: int, one: str, many: str) -> str:
+    return one if n == 1 else many
+
+
+def id_range(job_ids: list[int]) -> str:
+    """'#23 to #222' for consecutive ids, else the first and last with the count."""
+    if not job_ids:
+        return "no jobs"
+    first, last = job_ids[0], job_ids[-1]
+    if last - first + 1 == len(job_ids):
+        return f"#{first} to #{last}"
+    return f"{len(job_ids)} jobs, #{first} to #{last}"
 
 
 def job_row(result: TaskResult) -> Job:
