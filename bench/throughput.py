@@ -155,7 +155,7 @@ class AsyncSizes:
 
 
 ASYNC_FULL = AsyncSizes(10_000, 0.2, 2_000, 1_000, 10.0, 300)
-ASYNC_SMOKE = AsyncSizes(400, 0.2, 0, 100, 1.0, 50)
+ASYNC_SMOKE = AsyncSizes(200, 0.2, 0, 100, 1.0, 50)
 ASYNC_FLOAT_SIZES = ("sleep_s", "in_flight_s")
 
 
