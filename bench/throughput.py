@@ -2817,6 +2817,19 @@ def async_figures(report: Report, d: dict[str, Any], sizes: AsyncSizes, threads:
             f"none (over idle: {grown['loop']:.1f} / {grown['on_threads']:.1f} MB)",
         ),
     ]
+    workers = {
+        k: sum(memory[k]["loaded"]["memory"]["by_role_pss_mb"].get("worker", [])) for k in memory
+    }
+    if workers["on_threads"]:
+        report.checks.append(
+            Check(
+                "async_pss_workers_loop_over_threads",
+                "in flight: PSS of the worker processes only",
+                workers["loop"] / workers["on_threads"],
+                f"none ({workers['loop']:.1f} / {workers['on_threads']:.1f} MB: without the "
+                "supervisor, warm parent and dispatcher, alike in both)",
+            )
+        )
 
 
 def rounds(rates: list[float]) -> str:
