@@ -25,7 +25,11 @@ printed as a share of that ceiling. Phase "concurrent" compares ours with ours
 against off; phase "prefix" times concurrent claims with a ``reports*``
 selector against ``*``; phase "workflow" enqueues and drains N no-op jobs as
 one workflow, a fan-out then a fan-in, against ``bulk_enqueue()`` and a plain
-drain of N (ours against ours, every database). The table prints each figure
+drain of N (ours against ours, every database); phase "async" (issue 39) drains
+``async def`` jobs that await a sleep on the workers' event loops against our
+no-op drain, against running them on threads, and (PostgreSQL) against
+Procrastinate's and Oban's async workers, and reads the workers' memory and
+connections with N of them in flight. The table prints each figure
 of ours with its ratio against each peer's, > 1 meaning ours is better (rates:
 ours / peer; times and memory: peer / ours). The machine is noisy: read the
 ratios, not absolute figures. Figures are printed, never asserted; a phase
