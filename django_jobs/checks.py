@@ -21,7 +21,7 @@ from django_jobs.core.queues import QueueSelector
 from django_jobs.core.recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_zone
 from django_jobs.db import features
 from django_jobs.exceptions import InvalidTaskArguments, TaskNotFound
-from django_jobs.limits import declared_seconds, is_number
+from django_jobs.limits import MAX_ASYNC_JOBS, declared_seconds, is_number
 from django_jobs.models import FINISHED_STATUSES
 from django_jobs.tasks.backends import JobsBackendBase, jobs_backends
 from django_jobs.tasks.job_task import MAX_CONCURRENCY_LIMIT, bound_arguments, is_int
@@ -171,7 +171,7 @@ def sqlite_checks(alias: str, settings_dict: dict[str, Any]) -> list[Any]:
 INTEGER_SETTINGS: dict[str, tuple[int, int, str, bool]] = {
     "processes": (1, 1024, "django_jobs.E007", False),
     "threads": (1, 1024, "django_jobs.E007", False),
-    "async_jobs": (0, 100_000, "django_jobs.E007", False),
+    "async_jobs": (0, MAX_ASYNC_JOBS, "django_jobs.E007", False),
     "async_orm_threads": (1, 1024, "django_jobs.E007", False),
     # Due jobs promoted at once, their ids bound in one IN list (SQLite: 32,766 at most).
     "batch_size": (1, 10_000, "django_jobs.E007", False),

@@ -21,6 +21,9 @@ MAX_SECONDS = 100 * 366 * 86400.0
 # Attempts in all: a bigger max_attempts is a mistake, not a plan (and each attempt keeps
 # a failure row).
 MAX_ATTEMPTS = 1_000_000
+# ``async def`` jobs one worker process runs at once (the ``async_jobs`` setting): each
+# waiting one costs a few KB; past this, a process that large is a mistake.
+MAX_ASYNC_JOBS = 100_000
 # The largest id a row can have (a signed 64-bit integer on every backend). SQLite refuses a
 # larger integer in a query with OverflowError, so neither the admin nor a command passes one
 # to the database.

@@ -119,6 +119,8 @@ DJANGO_JOBS = {
     "shutdown_timeout": env.float("JOBS_SHUTDOWN_TIMEOUT", default=5.0),
     "interrupt_grace": env.float("JOBS_INTERRUPT_GRACE", default=5.0),
     "cancel_poll_interval": env.float("JOBS_CANCEL_POLL_INTERVAL", default=1.0),
+    # Seconds an async job may hold its worker's event loop before a stall is counted.
+    "event_loop_block_threshold": env.float("JOBS_EVENT_LOOP_BLOCK_THRESHOLD", default=0.5),
     "max_error_size": env.int("JOBS_MAX_ERROR_SIZE", default=64 * 1024),
     # "queue=N,other=M": queue-wide caps across all workers.
     "max_concurrency": {

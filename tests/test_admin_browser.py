@@ -473,3 +473,36 @@ def test_the_job_list_shows_a_running_jobs_progress_whole_in_its_narrow_state_ce
     results = page.locator("#changelist .results")
     widths = results.evaluate("el => [el.scrollWidth, el.clientWidth]")
     assert widths[0] <= widths[1]
+
+
+def test_a_worker_whose_event_loop_was_blocked_is_flagged_and_the_dashboard_still_fits(page):
+    # Names as run_jobs makes them in a Kubernetes pod: the widest a row gets.
+    stalled = ProcessFactory(
+        name="worker-app-7f9c6d5b8-x2kqp-48213-k3j9sd",
+        hostname="app-7f9c6d5b8-x2kqp",
+        metadata={
+            "queues": ["emails", "reports*"],
+            "threads": 3,
+            "async_jobs": 200,
+            "loop_stalls": 12,
+            "loop_stalled_seconds": 63.25,
+        },
+    )
+    calm = ProcessFactory(metadata={"queues": ["default"], "threads": 2, "async_jobs": 0})
+    log_in(page, "ops", path="/admin/django_jobs/dashboard/")  # 1280 px, with the nav sidebar
+    queues = page.locator(f"#process-{stalled.pk} .jobs-queues")
+    flag = queues.locator(".jobs-stalled")
+    assert flag.inner_text() == "event loop: 12 stalls, 63.2 s blocked"
+    assert "200 async" in queues.inner_text()
+    assert "event_loop_block_threshold" in flag.get_attribute("title")
+    style = flag.evaluate("el => [getComputedStyle(el).color, getComputedStyle(el).fontWeight]")
+    assert style == ["rgb(186, 33, 33)", "700"]  # the red and the weight of "dead"
+    assert page.locator(f"#process-{calm.pk} .jobs-queues").inner_text() == "default · 2 threads"
+    widths = page.locator("#processes").evaluate("el => [el.scrollWidth, el.clientWidth]")
+    assert widths[0] <= widths[1], f"the processes are {widths[0]} px wide in {widths[1]} px"
+
+    page.goto(page.base_url + "/admin/django_jobs/process/")
+    row = page.locator("#result_list tbody tr").filter(has_text=stalled.name)
+    flag = row.locator(".field-queues .jobs-stalled")
+    assert flag.inner_text() == "event loop: 12 stalls, 63.2 s blocked"
+    assert flag.evaluate("el => getComputedStyle(el).color") == "rgb(186, 33, 33)"

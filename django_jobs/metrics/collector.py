@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from django_jobs.conf import JobsSettings
 from django_jobs.metrics.facts import Facts, gather
 from django_jobs.models import Process
-from django_jobs.observability.inspection import OUTCOMES, PENDING_STATES
+from django_jobs.observability.inspection import OUTCOMES, PENDING_STATES, ProcessInfo
 
 PREFIX = "django_jobs"
 PROCESS_LABELS = ["process", "kind", "host"]
@@ -94,6 +94,23 @@ def families() -> dict[str, GaugeMetricFamily]:
             "process_alive", "1 if the heartbeat is within alive_threshold, else 0.", PROCESS_LABELS
         ),
         "running": gauge("process_running_jobs", "Jobs the process holds claimed.", PROCESS_LABELS),
+        "async_jobs": gauge(
+            "process_async_jobs",
+            "async def jobs the live worker process runs at once on its event loop "
+            "(0: they run on its threads).",
+            PROCESS_LABELS,
+        ),
+        "loop_stalls": gauge(
+            "event_loop_stalls",
+            "Times the live worker process's event loop of async def jobs was blocked longer "
+            "than event_loop_block_threshold since the process started.",
+            PROCESS_LABELS,
+        ),
+        "loop_stalled_seconds": gauge(
+            "event_loop_stalled_seconds",
+            "Seconds the live worker process's event loop was blocked in those stalls, in all.",
+            PROCESS_LABELS,
+        ),
     }
 
 
@@ -132,8 +149,27 @@ def fill(metrics: dict[str, GaugeMetricFamily], facts: Facts) -> None:
         metrics["heartbeat"].add_metric(labels, seconds_since(process.last_heartbeat_at, now))
         metrics["alive"].add_metric(labels, 1 if process.alive else 0)
         metrics["running"].add_metric(labels, len(process.running_jobs))
+        if process.alive and process.kind == Process.Kind.WORKER:
+            add_async_loop(metrics, labels, process)
     for (kind, state), n in sorted(tally.items()):
         metrics["processes"].add_metric([kind, state], n)
+
+
+def add_async_loop(
+    metrics: dict[str, GaugeMetricFamily], labels: list[str], process: ProcessInfo
+) -> None:
+    """A live worker's event loop: its capacity and stalls, each figure its row holds as a
+    number in range (``process_metadata``); one its row does not is left out, not guessed.
+    Only live workers: a dead one's series end with it, so their number stays that of the
+    processes running."""
+    figures = (
+        ("async_jobs", process.async_jobs),
+        ("loop_stalls", process.loop_stalls),
+        ("loop_stalled_seconds", process.loop_stalled_seconds),
+    )
+    for name, figure in figures:
+        if figure is not None:
+            metrics[name].add_metric(labels, figure)
 
 
 class JobsCollector(Collector):

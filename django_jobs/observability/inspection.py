@@ -36,6 +36,7 @@ from django_jobs.models import (
     Semaphore,
     Workflow,
 )
+from django_jobs.observability.process_metadata import async_loop, served_queues
 
 # A waiting or running job's execution table, as the counts name it ("awaiting": waiting
 # for the jobs it depends on; "running": a claimed execution, started or about to be).
@@ -94,6 +95,15 @@ class ProcessInfo:
     last_heartbeat_at: datetime
     alive: bool
     running_jobs: list[int] = field(default_factory=list)
+    # A worker's event loop of ``async def`` jobs, from its row's metadata
+    # (``process_metadata.async_loop``); None for the other kinds, and for a figure the
+    # row does not hold as a number in range. ``async_jobs``: how many at once (0: they
+    # run on its threads); ``loop_stalls``: times the loop was held past
+    # ``event_loop_block_threshold`` since the process started; ``loop_stalled_seconds``:
+    # for how long in all.
+    async_jobs: int | None = None
+    loop_stalls: int | None = None
+    loop_stalled_seconds: float | None = None
 
 
 @dataclass
@@ -318,19 +328,25 @@ def processes(db: str, now: datetime, conf: JobsSettings) -> list[ProcessInfo]:
     ):
         running[process_id].append(job_id)
     cutoff = now - timedelta(seconds=conf.alive_threshold)
-    return [
-        ProcessInfo(
-            id=p.pk,
-            kind=p.kind,
-            name=p.name,
-            hostname=p.hostname,
-            pid=p.pid,
-            last_heartbeat_at=p.last_heartbeat_at,
-            alive=p.last_heartbeat_at >= cutoff,
-            running_jobs=sorted(running.get(p.pk, [])),
+    result = []
+    for p in Process.objects.using(db).order_by("kind", "pk"):
+        loop = async_loop(p.kind, p.metadata)
+        result.append(
+            ProcessInfo(
+                id=p.pk,
+                kind=p.kind,
+                name=p.name,
+                hostname=p.hostname,
+                pid=p.pid,
+                last_heartbeat_at=p.last_heartbeat_at,
+                alive=p.last_heartbeat_at >= cutoff,
+                running_jobs=sorted(running.get(p.pk, [])),
+                async_jobs=loop.async_jobs if loop else None,
+                loop_stalls=loop.stalls if loop else None,
+                loop_stalled_seconds=loop.stalled_seconds if loop else None,
+            )
         )
-        for p in Process.objects.using(db).order_by("kind", "pk")
-    ]
+    return result
 
 
 def stuck_jobs(
@@ -359,11 +375,14 @@ def stuck_jobs(
         if len(behind_free_slot) >= STUCK_SAMPLE:
             break
     served = [
-        QueueSelector(tuple(metadata["queues"]))
-        for metadata in Process.objects.using(db)
-        .filter(pk__in=[p.id for p in live if p.alive and p.kind == Process.Kind.WORKER])
-        .values_list("metadata", flat=True)
-        if metadata and metadata.get("queues")
+        QueueSelector(queues)
+        for queues in map(
+            served_queues,
+            Process.objects.using(db)
+            .filter(pk__in=[p.id for p in live if p.alive and p.kind == Process.Kind.WORKER])
+            .values_list("metadata", flat=True),
+        )
+        if queues
     ]
     paused = set(Pause.objects.using(db).values_list("queue_name", flat=True))
     ready_queues = ReadyExecution.objects.using(db).values_list("queue_name", flat=True).distinct()

@@ -14,6 +14,15 @@ from django_jobs.runtime.heartbeat import Heartbeat
 from django_jobs.runtime.lifecycle import Lifecycle
 
 
+def capacity(conf: JobsSettings) -> dict[str, Any]:
+    """What the row says the process serves, for the admin, ``manage.py jobs`` and the
+    metrics (``observability/process_metadata.py`` reads it back): its ``--queues``, its
+    threads for sync jobs and how many ``async def`` jobs its event loop runs at once (0:
+    none, they run on the threads). A worker's loop monitor later merges its stall counts
+    into the same metadata (``runtime/loop_monitor.py``)."""
+    return {"queues": list(conf.queues), "threads": conf.threads, "async_jobs": conf.async_jobs}
+
+
 @contextmanager
 def registered(
     conf: JobsSettings,
@@ -38,7 +47,7 @@ def registered(
             db,
             kind,
             supervisor_id=supervisor_id,
-            metadata={"queues": list(conf.queues), "threads": conf.threads, **(metadata or {})},
+            metadata={**capacity(conf), **(metadata or {})},
         ),
         give_up=lifecycle.stopping.is_set,
         max_delay=conf.db_retry_max_delay,

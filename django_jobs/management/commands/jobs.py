@@ -43,12 +43,13 @@ from django_jobs.management.selection import (
     parse_when,
     printable_arg,
 )
-from django_jobs.models import Job, JobStatus
+from django_jobs.models import Job, JobStatus, Process
 from django_jobs.observability import inspection
 from django_jobs.observability.inspection import (
     COUNT_CAP,
     STATES,
     WORKFLOWS_SHOWN,
+    ProcessInfo,
     Snapshot,
     snapshot,
 )
@@ -64,6 +65,16 @@ ALL_DONE, SOME_REFUSED, USAGE, NOT_CONFIRMED, INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_BATCH_SIZE = 1000
 MAX_BATCH_SIZE = 10_000
 FILTERS = ("task", "queue", "status", "since", "until")
+PROCESS_COLUMNS = [
+    "kind",
+    "host",
+    "pid",
+    "heartbeat",
+    "state",
+    "async",
+    "loop stalls",
+    "running jobs",
+]
 
 
 def batch_size(text: str) -> int:
@@ -199,15 +210,24 @@ class Command(BaseCommand):
                 str(p.pid),
                 f"{p.last_heartbeat_at:%H:%M:%S}",
                 "alive" if p.alive else "DEAD",
+                async_capacity(p),
+                loop_stalls(p),
                 ", ".join(map(str, p.running_jobs)),
             ]
             for p in state.processes
         ]
-        out(
-            table(["kind", "host", "pid", "heartbeat", "state", "running jobs"], proc_rows)
-            if proc_rows
-            else "  none running"
-        )
+        out(table(PROCESS_COLUMNS, proc_rows) if proc_rows else "  none running")
+        for p in state.processes:
+            if p.alive and p.loop_stalls:
+                out(
+                    self.style.WARNING(
+                        f"  {printable(p.name)}: its event loop was blocked "
+                        f"{p.loop_stalls:,} time{'' if p.loop_stalls == 1 else 's'}"
+                        f"{stalled_for(p)} since it started: an async job did blocking work "
+                        "and every other async job of the process waited (its log names the "
+                        "job; do such work in a sync task or through sync_to_async)"
+                    )
+                )
 
     def render_progress(self, state: Snapshot) -> None:
         out = self.stdout.write
@@ -573,6 +593,33 @@ def statuses(action: Action, typed: list[str]) -> frozenset[str]:
         if name not in action.accepts:
             raise SelectionError(f"{action.name} does not act on {name} jobs; it takes: {accepted}")
     return frozenset(names)
+
+
+def async_capacity(process: ProcessInfo) -> str:
+    """A worker's ``async def`` jobs at once ("0": they run on its threads; "?": its row does
+    not say); empty for the other kinds."""
+    if process.kind != Process.Kind.WORKER:
+        return ""
+    return "?" if process.async_jobs is None else f"{process.async_jobs:,}"
+
+
+def loop_stalls(process: ProcessInfo) -> str:
+    """A worker's event loop stalls and their seconds ("3 (4.2 s)"; "?" for a figure its
+    row does not hold as a number); empty for the other kinds."""
+    if process.kind != Process.Kind.WORKER:
+        return ""
+    if process.loop_stalls is None:
+        return "?"
+    if not process.loop_stalls:
+        return "0"
+    seconds = process.loop_stalled_seconds
+    return f"{process.loop_stalls:,} ({'?' if seconds is None else f'{seconds:,.1f}'} s)"
+
+
+def stalled_for(process: ProcessInfo) -> str:
+    """ ", 4.2 s in all" for the warning line; nothing when the seconds are unknown."""
+    seconds = process.loop_stalled_seconds
+    return "" if seconds is None else f", {seconds:,.1f} s in all"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

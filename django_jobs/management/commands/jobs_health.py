@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from django_jobs.conf import JobsSettings
 from django_jobs.models import Process
+from django_jobs.observability.process_metadata import is_single_process
 
 KINDS = [kind.value for kind in Process.Kind]
 DEFAULT_KINDS = [Process.Kind.WORKER.value, Process.Kind.DISPATCHER.value]
@@ -39,7 +40,7 @@ def provides(row: Mapping[str, Any], kind: str) -> bool:
     """
     if row["kind"] == kind:
         return True
-    single = bool((row["metadata"] or {}).get("single_process"))
+    single = is_single_process(row["metadata"])
     return kind == Process.Kind.DISPATCHER and row["kind"] == Process.Kind.WORKER and single
 
 
