@@ -13,12 +13,7 @@ from django.db import models
 from django.tasks import TaskResultStatus
 from django.utils import timezone
 
-from django_jobs.db.indexes import (
-    NotNullIndex,
-    NotNullUniqueConstraint,
-    PostgresIndex,
-    TrueOnlyIndex,
-)
+from django_jobs.db.indexes import FlagIndex, NotNullIndex, NotNullUniqueConstraint, PostgresIndex
 from django_jobs.db.lookups import exact_prefixes
 
 
@@ -307,9 +302,10 @@ class ReadyExecution(models.Model):
             # The claim order of a worker serving "*": no queue to narrow by.
             models.Index(fields=["-priority", "job"], name="jobs_ready_order"),
             NotNullIndex(fields=["concurrency_key"], name="jobs_ready_keyed"),
-            # The claim of a worker with room on its event loop only (PostgreSQL and
-            # SQLite; MySQL/MariaDB have no partial index and read the order above).
-            TrueOnlyIndex(fields=["-priority", "job"], name="jobs_ready_async", flag="is_async"),
+            # The claim of a worker with room on its event loop only: the async rows on
+            # PostgreSQL and SQLite; on MySQL/MariaDB every row, led by is_async, which
+            # serves the claim of either lane (see FlagIndex).
+            FlagIndex(fields=["-priority", "job"], name="jobs_ready_async", flag="is_async"),
         ]
 
     def __str__(self) -> str:

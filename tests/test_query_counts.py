@@ -14,8 +14,8 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobs import bulk_enqueue
-from django_jobs.core.claimed import fail_job, finish_jobs
+from django_jobs import bulk_enqueue, workflow
+from django_jobs.core.claimed import fail_job, finish_job, finish_jobs
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.ready import claim_jobs
@@ -25,6 +25,7 @@ from django_jobs.core.starting import start_jobs
 from django_jobs.models import Job, JobStatus, ScheduledExecution
 from tests import tasks
 from tests import transition_tasks as tt
+from tests import workflow_tasks as wt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -211,3 +212,110 @@ def test_batched_finish_of_keyed_jobs_costs_the_same_for_one_key_or_many(worker)
     assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 12
     assert Job.objects.filter(status=JobStatus.READY).count() == 0
     assert Job.objects.filter(status=JobStatus.CLAIMED).count() == 12
+
+
+@pytest.mark.parametrize("parent_fails", [False, True], ids=["succeeded", "failed"])
+def test_releasing_a_workflows_dependents_does_not_grow_with_them(worker, parent_fails):
+    """A parent's end makes its waiting dependents ready in a fixed number of statements:
+    they are read once (``core/dependencies.py``, ``RELEASE_FIELDS``), with every column
+    their ready rows copy, whether the parent succeeded (``settle_succeeded``) or failed
+    with dependents that run anyway (``settle_level``). ``is_async`` left out of that read
+    (migration 0022) cost one more SELECT per dependent, on every database: 38 more for 40."""
+    error = ErrorInfo("builtins.ValueError", "boom", "boom")
+    child_task = wt.cleanup if parent_fails else wt.step
+
+    def end_parent_of(n: int):
+        with workflow() as wf:
+            parent = wf.add(wt.step, "parent")
+            children = [wf.add(child_task, str(i), after=[parent]) for i in range(n)]
+        (job,) = claim_jobs(DB, worker.pk, ALL, 1, worker_id="w")
+        assert job.pk == int(parent.result.id)
+        if parent_fails:
+            ended = count(lambda: fail_job(DB, job.pk, worker.pk, error, retry=False))
+        else:
+            ended = count(lambda: finish_job(DB, job.pk, worker.pk, "parent"))
+        ids = [int(child.result.id) for child in children]
+        assert Job.objects.filter(pk__in=ids, status=JobStatus.READY).count() == n
+        claim_jobs(DB, worker.pk, ALL, n)  # out of the way of the next parent's claim
+        return ended
+
+    few, many = end_parent_of(FEW), end_parent_of(MANY)
+    assert few == many
+
+
+# The usual claim (no lane: a worker with room of both kinds) as it cost before migration
+# 0022 and the lanes, measured at that commit (2fc4dfd) on each database, with and without
+# a worker id: (patterns, queue caps) -> statements on PostgreSQL, MySQL/MariaDB, SQLite.
+# A prefix on MariaDB reads its queue names first (core/ready.py, prefix_queues); cleared
+# before each count. The lanes changed none of these.
+USUAL_CLAIM = {
+    (("*",), False): (1, 1, 7),
+    (("*",), True): (11, 11, 11),
+    (("default", "emails"), False): (3, 1, 7),
+    (("default", "emails"), True): (11, 11, 11),
+    (("emails*",), False): (1, 9, 7),
+    (("emails*",), True): (11, 13, 11),
+    (("default", "*"), False): (3, 7, 7),
+    (("default", "*"), True): (11, 11, 11),
+}
+CAPS = {"default": 1000, "emails": 1000}
+
+
+def claim_counts(worker, patterns, capped: bool, lane=None) -> list[int]:
+    """The statements of claims of ``patterns`` for FEW and for MANY jobs, each with and
+    without a worker id, over ready jobs of both kinds in two queues."""
+    from django_jobs.core.ready import PREFIX_NAMES
+    from tests.lane_tasks import ECHO
+
+    selector, caps = QueueSelector(patterns), CAPS if capped else None
+
+    def claim(n: int, worker_id: str | None):
+        return lambda: claim_jobs(DB, worker.pk, selector, n, caps, worker_id=worker_id, lane=lane)
+
+    counts = []
+    for worker_id in (None, "w"):
+        for n in (FEW, MANY):
+            bulk_enqueue(
+                [
+                    (task.using(queue_name=queue), (i,), {})
+                    for task in ECHO.values()
+                    for queue in ("default", "emails")
+                    for i in range(n)
+                ]
+            )
+            PREFIX_NAMES.clear()
+            counts.append(count(claim(n, worker_id)))
+            claim_jobs(DB, worker.pk, ALL, 1000)  # the rest, out of the way
+    return counts
+
+
+SHAPES = [
+    pytest.param(patterns, capped, id=f"{'|'.join(patterns)}-{'capped' if capped else 'plain'}")
+    for patterns, capped in USUAL_CLAIM
+]
+
+
+def usual_claim(patterns, capped: bool) -> int:
+    postgresql, mysql_, sqlite = USUAL_CLAIM[(patterns, capped)]
+    return {"postgresql": postgresql, "mysql": mysql_, "sqlite": sqlite}[connection.vendor]
+
+
+@pytest.mark.parametrize(("patterns", "capped"), SHAPES)
+def test_the_usual_claim_costs_what_it_did_before_the_lanes(worker, patterns, capped):
+    claim_jobs(DB, worker.pk, ALL, 1)  # MySQL: the procedure is looked up once per process
+    assert claim_counts(worker, patterns, capped) == [usual_claim(patterns, capped)] * 4
+
+
+@pytest.mark.parametrize(("patterns", "capped"), SHAPES)
+@pytest.mark.parametrize("lane", ["async", "sync"])
+def test_a_lane_claim_does_not_grow_with_the_jobs(worker, patterns, capped, lane):
+    """One lane's claim costs what the usual claim of the same queues costs, or less; on
+    MySQL/MariaDB it takes the statements' path where the usual claim is one CALL of the
+    claim procedure (which serves no lane): 7 statements instead of 1."""
+    from django_jobs.core.lanes import Lane
+
+    claim_jobs(DB, worker.pk, ALL, 1)
+    counts = claim_counts(worker, patterns, capped, Lane(lane))
+    assert len(set(counts)) == 1, counts
+    usual = usual_claim(patterns, capped)
+    assert counts[0] <= (max(usual, 7) if mysql() else usual)

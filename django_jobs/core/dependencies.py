@@ -237,13 +237,15 @@ def settle_level(db: str, ended: Mapping[int, bool]) -> Settled:
     return result
 
 
-# What releasing or ending a dependent reads of it.
+# What releasing or ending a dependent reads of it: every column its ready row copies
+# (core.ready.make_ready), or each one left out is read again by a query per dependent.
 RELEASE_FIELDS = (
     "pk",
     "status",
     "queue_name",
     "priority",
     "concurrency_key",
+    "is_async",
     "run_after",
     "workflow_id",
     "batch_id",

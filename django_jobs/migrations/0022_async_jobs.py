@@ -3,11 +3,14 @@ that a worker with room on its event loop alone claims async jobs only (core/lan
 
 Both columns have a database default (false), so adding them rewrites no table on
 PostgreSQL (11 and later) or MariaDB (10.3 and later): existing jobs read as sync ones and
-run as they always did. The async ready rows' index (``jobs_ready_async``) is partial,
-built on PostgreSQL (concurrently) and SQLite only. MySQL/MariaDB's enqueue procedure takes
-the job's columns: it is created again after the change, both ways (``follow_job_columns``),
-and writes the ready row's copy once the ready table has the column
-(``db/enqueue_procedure.py``).
+run as they always did. MySQL/MariaDB's enqueue procedure takes the job's columns: it is
+created again after the change, both ways (``follow_job_columns``), and writes the ready
+row's copy once the ready table has the column (``db/enqueue_procedure.py``).
+
+The async lane's index (``jobs_ready_async``, ``db/indexes.FlagIndex``) holds the async ready
+rows where the database has partial indexes; on MySQL/MariaDB every ready row, led by
+``is_async``. It is built without blocking writes (``AddIndexOnline``: concurrently on
+PostgreSQL, ``ALGORITHM=INPLACE, LOCK=NONE`` on MariaDB/MySQL).
 """
 
 from django.db import migrations, models
@@ -36,8 +39,8 @@ class Migration(migrations.Migration):
         ),
         django_jobs.db.online_index.AddIndexOnline(
             model_name="readyexecution",
-            index=django_jobs.db.indexes.TrueOnlyIndex(
-                fields=["-priority", "job"], name="jobs_ready_async", flag="is_async"
+            index=django_jobs.db.indexes.FlagIndex(
+                fields=["-priority", "job"], flag="is_async", name="jobs_ready_async"
             ),
         ),
     )

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, cast
 
-from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from asgiref.sync import ThreadSensitiveContext
 from django.db import close_old_connections
 from django.tasks import TaskContext
 
@@ -37,17 +35,12 @@ from django_jobs.models import Job
 from django_jobs.observability.tracing import execution_scope, execution_span
 from django_jobs.runtime.context import ExecutionContext
 from django_jobs.runtime.executor import Attempt, begin_attempt, settle_after_error
+from django_jobs.runtime.orm_threads import OrmThreads
 from django_jobs.runtime.watchdog import Control
 from django_jobs.tasks.serialization import json_return_value
 from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.worker")
-
-
-def on_orm_thread[T](func: Callable[..., T]) -> Callable[..., Awaitable[T]]:
-    """``func`` run on the job's ORM thread (the executor of the current
-    ``ThreadSensitiveContext``), with the job's context variables."""
-    return sync_to_async(func, thread_sensitive=True)
 
 
 @dataclass
@@ -61,31 +54,35 @@ class BodyOutcome:
 async def execute_async_job(
     job: Job,
     ctx: ExecutionContext,
-    executor: Executor,
+    threads: OrmThreads,
     *,
     started: bool = False,
     bodies: dict[asyncio.Task[Any], Job] | None = None,
 ) -> None:
     """Start (unless the claim did), run and finalise ``job`` on the running loop; never
-    raises. ``executor``: the job's ORM thread. ``bodies``: where the body's task is
+    raises. ``threads``: the lane's ORM threads (the job's own calls go to one of them,
+    the steps around its body to the least busy). ``bodies``: where the body's task is
     registered while it runs (the lane's loop monitor names the job that blocks it).
 
-    Two trips to the ORM thread per job, one before the body and one after: each trip is
+    Two trips to an ORM thread per job, one before the body and one after: each trip is
     a thread switch, and at hundreds of jobs a second they were what bounded the lane."""
-    async with ThreadSensitiveContext(executor=executor):
-        with execution_scope(job):
-            attempt: Attempt | None = None
-            try:
-                attempt = await on_orm_thread(begin_fresh)(job, ctx, started)
-                if attempt is None:
-                    return
-                outcome = await run_body(attempt, ctx, bodies)
-                await on_orm_thread(conclude)(attempt, ctx, outcome)
-            except Exception as exc:
-                # A bug of ours, or an outcome the database refused: the job must not stay
-                # claimed by a live process forever.
-                logger.exception("internal error while running job %s", job.pk)
-                await on_orm_thread(settle_and_close)(job, ctx, exc)
+    own = threads.for_job()
+    try:
+        async with ThreadSensitiveContext(executor=own):
+            with execution_scope(job):
+                try:
+                    attempt = await threads.call(begin_fresh, job, ctx, started)
+                    if attempt is None:
+                        return
+                    outcome = await run_body(attempt, ctx, bodies)
+                    await threads.call(conclude, attempt, ctx, outcome)
+                except Exception as exc:
+                    # A bug of ours, or an outcome the database refused: the job must not
+                    # stay claimed by a live process forever.
+                    logger.exception("internal error while running job %s", job.pk)
+                    await threads.call(settle_and_close, job, ctx, exc)
+    finally:
+        own.release()
 
 
 def begin_fresh(job: Job, ctx: ExecutionContext, started: bool) -> Attempt | None:
@@ -106,7 +103,7 @@ def conclude(attempt: Attempt, ctx: ExecutionContext, outcome: BodyOutcome) -> N
         control = attempt.control
         try:
             if outcome.raised is not None:
-                raise outcome.raised
+                raise own_cancellation(outcome.raised, control)
             if control is not None and control.cancelled:
                 # It saw cancel_requested() and returned: cancelled all the same.
                 raise control.exception()
@@ -117,6 +114,23 @@ def conclude(attempt: Attempt, ctx: ExecutionContext, outcome: BodyOutcome) -> N
         attempt.succeed(ctx, value)
     finally:
         close_old_connections()
+
+
+def own_cancellation(raised: BaseException, control: Control | None) -> BaseException:
+    """What the body raised; a ``CancelledError`` that no cancel request, timeout or
+    shutdown of ours sent (the job cancelled its own task, or code it called did) said
+    so: its message alone was empty, or whatever the code that cancelled it wrote."""
+    if not isinstance(raised, asyncio.CancelledError):
+        return raised
+    if control is not None and control.reason is not None:
+        return raised
+    said = str(raised)
+    clear = asyncio.CancelledError(
+        "the job's asyncio task was cancelled by the job itself or code it called, not by "
+        "django-jobs (no cancel(), timeout or shutdown)" + (f": {said}" if said else "")
+    )
+    clear.__cause__ = raised
+    return clear
 
 
 def settle_and_close(job: Job, ctx: ExecutionContext, exc: Exception) -> None:

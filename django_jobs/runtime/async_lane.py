@@ -7,22 +7,29 @@ waiting job. The worker's one claim loop feeds both (``Worker.capacity``); this 
 runs what it is given and says how many more it can take.
 
 The loop runs in a thread of its own. The synchronous steps of each job (its start, its
-outcome, its ORM calls) run on one of ``orm_threads`` threads, each with its own database
-connection, handed out to jobs least-busy first: the connection budget of the lane is
-``orm_threads``, however many jobs are in flight (docs/running.md, "Connections").
+outcome, its ORM calls) run on ``orm_threads`` threads, each with its own database
+connection (``runtime/orm_threads.py``: a job's own calls on one of them, the steps
+around its body on the least busy): the connection budget of the lane is
+``orm_threads``, however many jobs are in flight (docs/running.md, "Connections"). A
+job's ``sync_to_async(thread_sensitive=False)`` calls run on the loop's default
+executor, whose calls close the connections they open (:class:`ClosingPool`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+from django.db import connections
 
 from django_jobs.models import Job
 from django_jobs.runtime.async_executor import execute_async_job
 from django_jobs.runtime.context import ExecutionContext
 from django_jobs.runtime.loop_monitor import LoopMonitor
+from django_jobs.runtime.orm_threads import OrmThreads
 from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.worker")
@@ -42,13 +49,16 @@ class AsyncLane:
         self.ctx = ctx
         self.slots = slots
         self.loop = asyncio.new_event_loop()
+        # A job may not stop the loop every async job of the process runs on: its call
+        # raises in the job (docs/tasks.md, "Async jobs").
+        self.stop_loop = self.loop.stop
+        setattr(self.loop, "stop", self.refuse_stop_from_tasks)  # noqa: B010 (a method)
         self.thread = threading.Thread(target=self.serve, name="django-jobs-async", daemon=True)
-        self.executors = [
-            ThreadPoolExecutor(1, thread_name_prefix=f"django-jobs-async-orm-{i}")
-            for i in range(orm_threads)
-        ]
-        # Jobs on each ORM thread (read and written on the loop only).
-        self.load = [0] * orm_threads
+        self.orm = OrmThreads(orm_threads)
+        # The loop's default executor: ``sync_to_async(thread_sensitive=False)`` and
+        # ``run_in_executor(None, ...)`` of the jobs.
+        self.pool = ClosingPool(thread_name_prefix="django-jobs-async-pool")
+        self.loop.set_default_executor(self.pool)
         self.lock = threading.Lock()
         self.in_flight = 0
         self.closing = False
@@ -75,6 +85,20 @@ class AsyncLane:
                 break
             logger.warning("a job stopped the event loop of async jobs; it runs again")
 
+    def refuse_stop_from_tasks(self) -> None:
+        """``loop.stop()``, refused inside a task (a job's body, or a task it made), let
+        through from a callback (this lane's own :meth:`stop`, asyncio's internals).
+
+        A job that stopped the loop would hold up every other async job of the process
+        until :meth:`serve` ran it again, and it would succeed as if nothing had
+        happened; now its call raises, and the job fails saying why."""
+        if asyncio.current_task(self.loop) is not None:
+            raise RuntimeError(
+                "a job must not stop the event loop of async jobs: it runs every async job "
+                "of this worker process"
+            )
+        self.stop_loop()
+
     def free(self) -> int:
         """How many more async jobs this lane takes now."""
         with self.lock:
@@ -88,14 +112,9 @@ class AsyncLane:
         asyncio.run_coroutine_threadsafe(self.run(job, started, done), self.loop)
 
     async def run(self, job: Job, started: bool, done: Any) -> None:
-        orm = min(range(len(self.load)), key=self.load.__getitem__)
-        self.load[orm] += 1
         try:
-            await execute_async_job(
-                job, self.ctx, self.executors[orm], started=started, bodies=self.bodies
-            )
+            await execute_async_job(job, self.ctx, self.orm, started=started, bodies=self.bodies)
         finally:
-            self.load[orm] -= 1
             with self.lock:
                 self.in_flight -= 1
             done()
@@ -108,10 +127,32 @@ class AsyncLane:
             self.monitor.stop()
         self.closing = True
         try:
-            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.loop.call_soon_threadsafe(self.stop_loop)
         except RuntimeError:  # already closed
             pass
         if wait:
             self.thread.join(5.0)
-        for executor in self.executors:
-            executor.shutdown(wait=wait, cancel_futures=True)
+        self.orm.shutdown(wait=wait)
+        self.pool.shutdown(wait=wait, cancel_futures=True)
+
+
+class ClosingPool(ThreadPoolExecutor):
+    """A thread pool whose every call closes the database connections it opened.
+
+    asyncio's own default executor keeps up to ``min(32, CPUs + 4)`` threads, and each one
+    that ran a query for a job (``sync_to_async(thread_sensitive=False)``) kept its
+    connection open for ``CONN_MAX_AGE``, idle, as long as the process lived: 6 more
+    connections on 2 CPUs, 32 on a large machine, beyond the lane's budget of
+    ``async_orm_threads`` (tests/test_async_runtime.py). Closed after each call, such a
+    connection lives only while its query runs; the ORM belongs on the job's ORM thread
+    (``thread_sensitive=True``, the default), where connections are reused."""
+
+    def submit[T](self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        return super().submit(closing_connections, fn, *args, **kwargs)
+
+
+def closing_connections[T](fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        connections.close_all()

@@ -22,6 +22,7 @@ from typing import Any
 
 from django.db import close_old_connections
 
+from django_jobs.core.batches import current_job_id
 from django_jobs.models import Job, Process
 from django_jobs.text import jobs_logger
 
@@ -86,11 +87,26 @@ class LoopMonitor(threading.Thread):
 
     def running_job(self) -> str:
         """The job whose body holds the loop: the loop's current task, read from this
-        thread (a dict lookup; the loop thread is not running Python that changes it)."""
+        thread (a dict lookup; the loop thread is not running Python that changes it).
+
+        That task is the body's own, or one the body made (``asyncio.gather`` and
+        ``create_task`` run coroutines in tasks of their own), which carries the job's
+        id in the context it copied from the body: named as that job too, where a
+        lookup of the body's task alone blamed the worker's own code."""
         task = asyncio.current_task(self.loop)
-        job = self.bodies.get(task) if task is not None else None
-        if job is None:
+        if task is None:
             return "no job (the worker's own code)"
+        job = self.bodies.get(task)
+        if job is None:
+            job_id = task.get_context().get(current_job_id)
+            try:
+                job = next((body for body in self.bodies.values() if body.pk == job_id), None)
+            except RuntimeError:  # the dict changed as we read it: the loop ran again
+                job = None
+            if job is None and job_id is not None:
+                return f"job {job_id} (a task it made, still running after the job ended)"
+            if job is None:
+                return "no job (the worker's own code)"
         return f"job {job.pk} ({job.task_path})"
 
     def record(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from inspect import isasyncgenfunction
 
 from django.db import close_old_connections
 from django.db.models import Q
@@ -43,11 +44,13 @@ def importable(job: Job) -> bool:
 
 def runs_async(job: Job) -> bool:
     """An ``async def`` task's job; one whose task cannot be imported goes to a thread,
-    which fails it."""
+    which fails it. An async generator function's job goes to the lane too, which fails
+    it saying so (a thread failed it for returning an unstorable ``async_generator``)."""
     try:
-        return is_async(load_task(job.task_path))
+        task = load_task(job.task_path)
     except TaskNotFound:
         return False
+    return is_async(task) or isasyncgenfunction(task.func)
 
 
 class Worker:
@@ -109,10 +112,12 @@ class Worker:
             if conf.async_jobs > 0
             else None
         )
-        # The jobs of ``running`` that run on the lane, and those of the lane whose success
-        # may still wait for the completer.
+        # The jobs of ``running`` that run on the lane.
         self.on_lane: set[int] = set()
-        self.lane_unwritten: set[int] = set()
+        # Jobs handed to the lane whose success the completer may not have written yet:
+        # each holds its slot until it is (``lane_room``). Added and pruned by the claim
+        # loop's thread only.
+        self.lane_jobs: set[int] = set()
         # The last claim of either kind was full of async jobs only: the next claims async
         # jobs alone, as many as the loop has room for (then either kind again).
         self.async_next = False
@@ -143,23 +148,32 @@ class Worker:
         """
         with self.lock:
             running = set(self.running) - self.on_lane
-            lane = set(self.on_lane)
+            lane = self.on_lane | self.lane_jobs
+        # The lane's unwritten successes are counted against its own slots (lane_room).
         unwritten = self.completer.pending_ids() - lane
         busy = len(running - unwritten)
         threads = self.conf.threads
         return min(threads - busy, unrecorded_bound(threads) - busy - len(unwritten))
 
-    def idle_slots(self) -> int:
-        """How many async jobs the event loop takes now: free slots, within the same bound
-        on unwritten successes as the threads (:meth:`idle_threads`), so that a SIGKILL
-        costs at most ``unrecorded_bound(async_jobs)`` async successes more."""
-        assert self.lane is not None
-        unwritten = self.completer.pending_ids()
+    def lane_room(self, lane: AsyncLane) -> int:
+        """How many more async jobs to claim: free slots, less the successes of async jobs
+        that the completer has not written yet.
+
+        A body that has returned keeps its slot until its success commits, as a thread's
+        job counts against ``2 x threads`` until its own does: in flight and unwritten
+        together, the lane never holds more than ``async_jobs`` jobs whose bodies may
+        have completed unrecorded, the most a SIGKILL can turn into failed attempts
+        (:func:`unrecorded_bound`). Freed at the hand-off instead, the loop ran ahead of
+        a completer that fell behind: 63 completed jobs failed by one kill with 20 slots
+        (tests/test_async_runtime.py, the completer slowed to a batch a second).
+        """
+        # On the lane first, then pending: a job leaves the lane only after its success
+        # has gone to the completer, so it is seen in one or the other.
         with self.lock:
-            self.lane_unwritten &= unwritten | self.on_lane
-            waiting = len(self.lane_unwritten & unwritten)
-        slots = self.conf.async_jobs
-        return min(self.lane.free(), unrecorded_bound(slots) - (slots - self.lane.free()) - waiting)
+            on_lane = set(self.on_lane)
+        pending = self.completer.pending_ids()
+        self.lane_jobs &= on_lane | pending
+        return lane.free() - len(self.lane_jobs - on_lane)
 
     def capacity(self) -> tuple[int, Lane | None]:
         """How many jobs to claim now, and of which lane (None: of either).
@@ -179,7 +193,7 @@ class Worker:
         threads = self.idle_threads()
         if self.lane is None:
             return threads, None
-        slots = self.idle_slots()
+        slots = self.lane_room(self.lane)
         if slots > 0 and (threads <= 0 or self.async_next):
             self.async_next = False
             return slots, Lane.ASYNC
@@ -345,7 +359,7 @@ class Worker:
             if self.lane is not None and runs_async(job):
                 with self.lock:
                     self.on_lane.add(job.pk)
-                    self.lane_unwritten.add(job.pk)
+                self.lane_jobs.add(job.pk)
                 self.lane.submit(job, job.pk in started, lambda job=job: self.ended(job))
             else:
                 self.pool.submit(self.run_one, job, job.pk in started)
@@ -479,9 +493,10 @@ class Worker:
         )
 
 
-def unrecorded_bound(threads: int) -> int:
+def unrecorded_bound(threads: int, async_jobs: int = 0) -> int:
     """The most jobs of one worker process whose body has returned and whose
     success has not committed, at any instant: what a SIGKILL can cost
-    (docs/running.md). Running jobs and unwritten successes together never pass
-    it, so it holds whatever the load or the number of keys."""
-    return 2 * threads
+    (docs/running.md). The threads' running jobs and unwritten successes together
+    never pass ``2 x threads``, the lane's never pass its ``async_jobs`` slots
+    (``Worker.lane_room``), so it holds whatever the load or the number of keys."""
+    return 2 * threads + async_jobs
