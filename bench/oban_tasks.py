@@ -7,10 +7,13 @@ the worker is async, as its documentation writes every example, and does
 nothing: a drain measures only what the queue costs per job. Imported by the
 harness (to build jobs) and by each worker process (``oban start
 --cron-modules bench.oban_tasks``), where the job's ``worker`` column,
-``bench.oban_tasks.Noop``, resolves to it.
+``bench.oban_tasks.Noop``, resolves to it. ``Sleep`` is phase "async"'s job, the same
+body as bench/tasks.py's ``sleep_async``.
 """
 
-from oban import worker
+import asyncio
+
+from oban import Job, worker
 
 
 @worker(queue="default")
@@ -19,3 +22,11 @@ class Noop:
 
     async def process(self, job: object) -> None:
         return None
+
+
+@worker(queue="default")
+class Sleep:
+    """An I/O wait on the worker's event loop, as bench/tasks.py's ``sleep_async``."""
+
+    async def process(self, job: Job) -> None:
+        await asyncio.sleep(job.args["seconds"])

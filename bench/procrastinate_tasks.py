@@ -6,8 +6,11 @@ registered on exists only then. Both run nothing, so a drain measures only
 what the queue costs per job. The async one is the bench's default, the form
 Procrastinate's documentation recommends (its workers are asyncio sub-workers,
 and a sync task is handed to a thread per job); the sync one is there to check
-that choice (``throughput.py --procrastinate-task sync``).
+that choice (``throughput.py --procrastinate-task sync``). ``sleep_async`` is
+phase "async"'s job, the same body as bench/tasks.py's.
 """
+
+import asyncio
 
 from procrastinate.contrib.django import app
 
@@ -20,3 +23,9 @@ async def noop_async() -> None:
 @app.task(name="bench.procrastinate_noop_sync", queue="default")
 def noop_sync() -> None:
     """Nothing, in a thread of the worker (``sync_to_async``), like a Django view's code."""
+
+
+@app.task(name="bench.procrastinate_sleep_async", queue="default")
+async def sleep_async(seconds: float) -> None:
+    """An I/O wait on the worker's event loop, as bench/tasks.py's ``sleep_async``."""
+    await asyncio.sleep(seconds)

@@ -1,6 +1,6 @@
 """One Procrastinate worker process for bench/throughput.py, set up as its documentation advises.
 
-    python bench/procrastinate_worker.py --concurrency N
+    python bench/procrastinate_worker.py --concurrency N [--pool M]
 
 Procrastinate's Django how-to gives two ways to run a worker: ``manage.py
 procrastinate worker`` and a script of one's own that swaps the Django
@@ -30,13 +30,14 @@ import django
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, required=True, help="sub-workers")
+    parser.add_argument("--pool", type=int, help="connections in the pool (concurrency + 1)")
     options = parser.parse_args()
     django.setup()
     from procrastinate import PsycopgConnector
     from procrastinate.contrib.django import app
     from procrastinate.contrib.django.utils import connector_params
 
-    size = options.concurrency + 1
+    size = options.pool or options.concurrency + 1
     connector = PsycopgConnector(kwargs=connector_params(), min_size=size, max_size=size)
     with app.replace_connector(connector):
         app.run_worker(concurrency=options.concurrency, queues=["default"])

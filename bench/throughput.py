@@ -25,7 +25,11 @@ printed as a share of that ceiling. Phase "concurrent" compares ours with ours
 against off; phase "prefix" times concurrent claims with a ``reports*``
 selector against ``*``; phase "workflow" enqueues and drains N no-op jobs as
 one workflow, a fan-out then a fan-in, against ``bulk_enqueue()`` and a plain
-drain of N (ours against ours, every database). The table prints each figure
+drain of N (ours against ours, every database); phase "async" (issue 39) drains
+``async def`` jobs that await a sleep on the workers' event loops against our
+no-op drain, against running them on threads, and (PostgreSQL) against
+Procrastinate's and Oban's async workers, and reads the workers' memory and
+connections with N of them in flight. The table prints each figure
 of ours with its ratio against each peer's, > 1 meaning ours is better (rates:
 ours / peer; times and memory: peer / ours). The machine is noisy: read the
 ratios, not absolute figures. Figures are printed, never asserted; a phase
@@ -78,11 +82,15 @@ PHASES = (
     "workflow",
     "procrastinate",
     "oban",
+    "async",
     "latency",
     "claims",
     "prefix",
 )
-SMOKE_SKIPS = {"procrastinate": "its schema and workers take too long for the smoke run"}
+SMOKE_SKIPS = {
+    "procrastinate": "its enqueue, drain and latency take too long for the smoke run (phase "
+    "async drains it once, briefly)"
+}
 PEER = "peer"  # the TASKS alias of django-tasks-db in bench/settings.py
 PEER_QUEUE = "default"  # db_worker's default --queue-name, where peer_noop goes
 PROCRASTINATE_FLAG = "JOBS_BENCH_PROCRASTINATE"  # bench/settings.py installs its app with it
@@ -90,6 +98,15 @@ PROCRASTINATE_APP = "procrastinate.contrib.django"
 OBAN_QUEUE = "default"  # the queue of bench/oban_tasks.py's Noop, the one its workers run
 PREFIX_PATTERN = "reports*"
 PREFIX_QUEUES = ("reports", "reports-daily")  # declared in testproject/settings.py
+# Phase "async": worker processes of each setup (the issue's 2, whatever the CPU count),
+# Procrastinate's concurrencies (docs/howto/production/concurrency.md's example,
+# ``--concurrency=30``; then ours' async_jobs default, 200 at once per process) and the
+# most connections per Procrastinate process (its docs' concurrency + 1 would take 402
+# of a server's 100 at 200; "the longer your job time, the smaller your pool may be").
+ASYNC_PROCESSES = 2
+PROCRASTINATE_ASYNC_CONCURRENCY = (30, 200)
+PROCRASTINATE_POOL_CAP = 31
+OBAN_ASYNC_LIMIT = 200  # Oban's queue limit in phase async: ours' async_jobs
 
 POLL = 0.25  # seconds between counts of finished jobs while waiting
 SETTLE = 1.0  # seconds given to started workers to go idle before jobs arrive
@@ -130,6 +147,25 @@ SMOKE = Sizes(100, 1_000, 50, 20, 30.0, 20_000, 2_000, 500, 0, 2, 1.0, 1)
 FLOAT_SIZES = ("latency_interval_ms", "client_seconds")
 
 
+@dataclass(frozen=True)
+class AsyncSizes:
+    """Phase "async"'s sizes (issue 39); printed with its figures."""
+
+    jobs: int  # async jobs of ``sleep_s`` drained (and no-op jobs, for the reference)
+    sleep_s: float  # each job's await asyncio.sleep()
+    # The same jobs drained the old way (--async-jobs 0; 0: not at all): 16 threads make
+    # 80 jobs/s at most, so fewer jobs say as much.
+    threaded_jobs: int
+    in_flight: int  # async jobs held in flight at once for the memory figure
+    in_flight_s: float  # how long each of those sleeps
+    load: int  # async jobs in flight while the latency probes run
+
+
+ASYNC_FULL = AsyncSizes(10_000, 0.2, 2_000, 1_000, 10.0, 300)
+ASYNC_SMOKE = AsyncSizes(200, 0.2, 0, 100, 1.0, 50)
+ASYNC_FLOAT_SIZES = ("sleep_s", "in_flight_s")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", choices=sorted(DATABASE_URLS), help="default: DATABASE_URL")
@@ -158,6 +194,20 @@ def parse_args() -> argparse.Namespace:
         kind = float if attr in FLOAT_SIZES else int
         full, smoke = getattr(FULL, attr), getattr(SMOKE, attr)
         sizes.add_argument(f"--{name}", type=kind, help=f"{what} ({full:,} / {smoke:,})")
+    for name, what in (
+        ("jobs", "async jobs drained (and no-op jobs, the reference)"),
+        ("sleep-s", "seconds each of them awaits asyncio.sleep()"),
+        ("threaded-jobs", "async jobs drained the old way (--async-jobs 0)"),
+        ("in-flight", "async jobs in flight at once for the memory figure"),
+        ("in-flight-s", "seconds each of those sleeps"),
+        ("load", "async jobs in flight while the latency probes run"),
+    ):
+        attr = name.replace("-", "_")
+        kind = float if attr in ASYNC_FLOAT_SIZES else int
+        full, smoke = getattr(ASYNC_FULL, attr), getattr(ASYNC_SMOKE, attr)
+        sizes.add_argument(
+            f"--async-{name}", type=kind, help=f"phase async: {what} ({full:,} / {smoke:,})"
+        )
     workers = parser.add_argument_group("workers")
     workers.add_argument("--processes", type=int, help="run_jobs --processes (CPU count)")
     workers.add_argument("--threads", type=int, help=f"run_jobs --threads ({DEFAULT_THREADS})")
@@ -172,6 +222,19 @@ def parse_args() -> argparse.Namespace:
         choices=("async", "sync"),
         default="async",
         help="Procrastinate's no-op task: async (its recommended form) or sync",
+    )
+    workers.add_argument(
+        "--procrastinate-concurrency",
+        default=",".join(str(c) for c in PROCRASTINATE_ASYNC_CONCURRENCY),
+        help="phase async: Procrastinate's sub-workers per process, one drain each "
+        "(30, its docs' example, and 200, ours' async_jobs; smoke: the first only)",
+    )
+    workers.add_argument(
+        "--procrastinate-pool",
+        type=int,
+        default=PROCRASTINATE_POOL_CAP,
+        help=f"phase async: at most this many connections per Procrastinate process "
+        f"(its docs: concurrency + 1; {PROCRASTINATE_POOL_CAP})",
     )
     # One of the concurrent enqueuing processes of phase "concurrent" (started by the run).
     parser.add_argument("--enqueue-client", action="store_true", help=argparse.SUPPRESS)
@@ -192,7 +255,11 @@ if OPTIONS.db:
 os.environ.setdefault("DATABASE_URL", DATABASE_URLS["postgres"])
 # Procrastinate's app (and its migrations) only when its phase runs; bench/settings.py also
 # requires PostgreSQL and the package. Workers of ours and of the peer never get it.
-if "procrastinate" in OPTIONS.phases.split(",") and not (OPTIONS.smoke or OPTIONS.enqueue_client):
+_phases = OPTIONS.phases.split(",")
+if not OPTIONS.enqueue_client and (
+    ("procrastinate" in _phases and not OPTIONS.smoke) or "async" in _phases
+):
+    # Phase async runs Procrastinate in smoke too: one short drain, its schema ~1 s.
     os.environ[PROCRASTINATE_FLAG] = "true"
 else:
     os.environ.pop(PROCRASTINATE_FLAG, None)
@@ -211,8 +278,16 @@ from django.utils import timezone  # noqa: E402
 from django_tasks_db.models import DBTaskResult, get_date_max  # noqa: E402
 from django_tasks_db.utils import exclusive_transaction  # noqa: E402
 
+from bench.connections import held_connections  # noqa: E402
 from bench.tables import empty, tables_of  # noqa: E402
-from bench.tasks import noop, noop_keyed, noop_rated, peer_noop  # noqa: E402
+from bench.tasks import (  # noqa: E402
+    noop,
+    noop_async,
+    noop_keyed,
+    noop_rated,
+    peer_noop,
+    sleep_async,
+)
 from django_jobs import bulk_enqueue, workflow  # noqa: E402
 from django_jobs.backend import JobsBackend  # noqa: E402
 from django_jobs.conf import JobsSettings  # noqa: E402
@@ -939,11 +1014,14 @@ class Limit:
 class Procrastinate:
     """Procrastinate through its Django integration: jobs deferred through Django's
     connection, P worker processes of ``concurrency`` async sub-workers each
-    (bench/procrastinate_worker.py), LISTEN/NOTIFY on. PostgreSQL only."""
+    (bench/procrastinate_worker.py), LISTEN/NOTIFY on. PostgreSQL only. ``pool``: the
+    connections of each worker's pool (default: its docs' ``concurrency + 1``)."""
 
     name = "procrastinate"
 
-    def __init__(self, processes: int, concurrency: int, kind: str) -> None:
+    def __init__(
+        self, processes: int, concurrency: int, kind: str, pool: int | None = None
+    ) -> None:
         from procrastinate.contrib.django.models import (
             ProcrastinateEvent,
             ProcrastinateJob,
@@ -953,7 +1031,9 @@ class Procrastinate:
         from bench import procrastinate_tasks
 
         self.processes, self.concurrency, self.kind = processes, concurrency, kind
+        self.pool = pool or concurrency + 1
         self.task = getattr(procrastinate_tasks, f"noop_{kind}")
+        self.sleep = procrastinate_tasks.sleep_async
         self.jobs, self.events = ProcrastinateJob.objects, ProcrastinateEvent.objects
         self.workers = ProcrastinateWorker.objects
 
@@ -965,7 +1045,12 @@ class Procrastinate:
 
     def commands(self) -> list[list[str]]:
         script = str(ROOT / "bench" / "procrastinate_worker.py")
-        return [[sys.executable, script, "--concurrency", str(self.concurrency)]] * self.processes
+        flags = ["--concurrency", str(self.concurrency), "--pool", str(self.pool)]
+        return [[sys.executable, script, *flags]] * self.processes
+
+    def enqueue_sleeps(self, count: int, seconds: float) -> None:
+        """Phase async's jobs, with its batch API: one statement for all."""
+        self.sleep.batch_defer(*({"seconds": seconds} for _ in range(count)))
 
     def wait_ready(self, workers: Workers) -> None:
         """Each worker registers itself in procrastinate_workers once its pool is open and
@@ -1106,6 +1191,13 @@ class Oban:
         """``enqueue_many()``: one connection, one transaction, one INSERT per job (bulk
         inserts are Oban Pro's)."""
         jobs = [self.worker.new() for _ in range(count)]
+        self.loop.run_until_complete(self.instance.enqueue_many(jobs))
+
+    def enqueue_sleeps(self, count: int, seconds: float) -> None:
+        """Phase async's jobs, as :meth:`enqueue_many` enqueues its no-ops."""
+        from bench.oban_tasks import Sleep
+
+        jobs = [Sleep.new({"seconds": seconds}) for _ in range(count)]
         self.loop.run_until_complete(self.instance.enqueue_many(jobs))
 
     def scalar(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
@@ -1287,16 +1379,22 @@ def drain(bench: Bench, jobs: int, plant: Callable[[], None], log_dir: Path, lab
     bench.reset()
     with Workers(bench.commands(), log_dir, label, bench.environment()) as workers:
         bench.wait_ready(workers)
-        ticks = cpu_snapshot(workers)
-        began = time.perf_counter()
-        plant()
-        committed = time.perf_counter()
-        server_ticks = server_snapshot()
-        wait_finished(bench, workers, jobs)
-        wall = time.perf_counter() - committed
-        cpu = cpu_used(ticks, cpu_snapshot(workers), jobs)
-        server_cpu = cpu_used(server_ticks, server_snapshot(), jobs)
-        rss = bench.rss(workers)
+        return drain_on(bench, workers, jobs, plant)
+
+
+def drain_on(bench: Bench, workers: Workers, jobs: int, plant: Callable[[], None]) -> Drain:
+    """:func:`drain`'s measure, with workers that are running and idle already; ``bench``
+    counts only this drain's rows (a fresh table, or :class:`OursAsync`'s floor)."""
+    ticks = cpu_snapshot(workers)
+    began = time.perf_counter()
+    plant()
+    committed = time.perf_counter()
+    server_ticks = server_snapshot()
+    wait_finished(bench, workers, jobs)
+    wall = time.perf_counter() - committed
+    cpu = cpu_used(ticks, cpu_snapshot(workers), jobs)
+    server_cpu = cpu_used(server_ticks, server_snapshot(), jobs)
+    rss = bench.rss(workers)
     failed = bench.failed_count()
     if failed:
         raise RuntimeError(f"{bench.name}: {failed:,} of {jobs:,} jobs did not succeed")
@@ -2231,6 +2329,529 @@ def phase_oban(run: Run) -> None:
     }
 
 
+# --- async jobs on the workers' event loops (issue 39) -----------------------------------
+
+
+class OursAsync(Ours):
+    """Ours as phase "async" starts it: ``run_jobs --processes P`` and ``flags``, nothing
+    else (an empty ``flags`` is our defaults: the settings' threads, async_jobs).
+
+    One set of workers drains several batches in turn, so its rows are never emptied
+    in between (that would remove the workers' own process rows): each count reads
+    only the jobs enqueued since :meth:`mark`."""
+
+    def __init__(self, processes: int, flags: tuple[str, ...], label: str) -> None:
+        super().__init__(processes, 0)
+        self.flags = flags
+        self.label = label
+        self.floor = 0
+
+    def commands(self) -> list[list[str]]:
+        flags = ["--processes", str(self.processes), *self.flags]
+        return [[sys.executable, str(MANAGE), "run_jobs", *flags]]
+
+    def reset(self) -> None:
+        reset_tables()
+        self.floor = 0
+
+    def mark(self) -> None:
+        """Count only the jobs enqueued from now on."""
+        self.floor = Job.objects.aggregate(top=Max("pk"))["top"] or 0
+
+    def rows(self) -> models.QuerySet[Job]:
+        return Job.objects.filter(pk__gt=self.floor)
+
+    def enqueue_one(self) -> str:
+        return noop_async.enqueue().id
+
+    def enqueue_noops(self, count: int) -> None:
+        self.backend.bulk_enqueue([(noop, (), {})] * count)
+
+    def enqueue_sleeps(self, count: int, seconds: float) -> None:
+        self.backend.bulk_enqueue([(sleep_async, (), {"seconds": seconds})] * count)
+
+    def row_count(self) -> int:
+        return self.rows().count()
+
+    def finished_count(self) -> int:
+        return self.rows().filter(status__in=FINISHED_STATUSES).count()
+
+    def failed_count(self) -> int:
+        return self.rows().exclude(status=JobStatus.SUCCEEDED).count()
+
+    def running_count(self, task_path: str | None = None) -> int:
+        rows = self.rows().filter(status=JobStatus.RUNNING)
+        return (rows.filter(task_path=task_path) if task_path else rows).count()
+
+    def span(self) -> tuple[datetime, datetime]:
+        row = self.rows().aggregate(first=Min("started_at"), last=Max("finished_at"))
+        return row["first"], row["last"]
+
+
+def async_sizes(options: argparse.Namespace) -> AsyncSizes:
+    base = ASYNC_SMOKE if options.smoke else ASYNC_FULL
+    values = {
+        name: value if (value := getattr(options, f"async_{name}")) is not None else default
+        for name, default in asdict(base).items()
+    }
+    return AsyncSizes(**values)
+
+
+def ours_workers(bench: OursAsync, run: Run) -> Workers:
+    """A fresh set of ``bench``'s workers over emptied tables (idle once entered and
+    :meth:`OursAsync.wait_ready` has returned)."""
+    bench.reset()
+    return Workers(bench.commands(), run.log_dir, f"async-{bench.label}", bench.environment())
+
+
+def in_flight_on(bench: OursAsync, workers: Workers, count: int, seconds: float) -> dict[str, Any]:
+    """Memory and connections of idle workers, then with ``count`` async jobs of
+    ``seconds`` in flight: read a quarter of ``seconds`` (at most 1 s) after every one of
+    them has started (status running), so that what a worker opens beside its running
+    jobs (its cancel poll's query) is in; ``in_flight`` and ``finished_before`` say how
+    many ran and how many had already ended when it was read. Then waits for them all to
+    succeed."""
+    idle = {
+        "memory": bench.rss(workers),
+        "connections": held_connections(connection, workers.members()),
+    }
+    bench.mark()
+    began = time.perf_counter()
+    bench.enqueue_sleeps(count, seconds)
+    deadline = time.perf_counter() + seconds
+    while bench.running_count() < count:
+        workers.check_alive()
+        if bench.finished_count() or time.perf_counter() > deadline:
+            break
+        time.sleep(0.05)
+    reached = time.perf_counter() - began
+    time.sleep(min(1.0, seconds / 4))
+    loaded = {
+        "memory": bench.rss(workers),
+        "connections": held_connections(connection, workers.members()),
+        "in_flight": bench.running_count(),
+        "finished_before": bench.finished_count(),
+        "seconds_to_reach": reached,
+    }
+    wait_finished(bench, workers, count)
+    failed = bench.failed_count()
+    if failed:
+        raise RuntimeError(f"{bench.label}: {failed:,} of {count:,} in-flight jobs did not succeed")
+    return {"idle": idle, "loaded": loaded, "processes": len(workers.members())}
+
+
+def latency_on(
+    bench: OursAsync, workers: Workers, sizes: Sizes, load: int
+) -> dict[str, dict[str, float] | int]:
+    """Enqueue→start of async no-op probes, one every ``latency_interval_ms``: with
+    the workers idle, then while ``load`` async sleeps are in flight on them (each
+    sleeping through the probes' window and half as long again, at least 1 s: the load
+    takes a while to be all in flight on a busy machine). ``load_left`` counts the load's
+    jobs still running once the last probe was enqueued: all of them, or the probes did
+    not run under the whole load. The workers come from a drain of async jobs: a few
+    probes first (the probe task's import), half a second to go idle, then the count."""
+    samples, interval = sizes.latency_samples, sizes.latency_interval_ms
+    bench.mark()
+    paced(bench.enqueue_one, LATENCY_WARMUP, 10.0)
+    wait_finished(bench, workers, LATENCY_WARMUP)
+    time.sleep(SETTLE / 2)
+    bench.mark()
+    ids = paced(bench.enqueue_one, samples, interval)
+    wait_finished(bench, workers, samples)
+    idle = bench.latencies_ms(ids)
+    bench.mark()
+    window = samples * interval / 1000
+    load_s = window + max(1.0, window / 2)
+    bench.enqueue_sleeps(load, load_s)
+    wait_until(
+        lambda: bench.running_count() >= load, workers, f"{load:,} async jobs in flight", load_s
+    )
+    ids = paced(bench.enqueue_one, samples, interval)
+    left = bench.running_count(sleep_async.module_path)
+    wait_finished(bench, workers, load + samples)
+    failed = bench.failed_count()
+    if failed:
+        raise RuntimeError(f"{bench.label}: {failed:,} jobs of the latency run did not succeed")
+    return {
+        "idle": percentiles(idle),
+        "loaded": percentiles(bench.latencies_ms(ids)),
+        "load": load,
+        "load_left": left,
+    }
+
+
+def async_procrastinate_unavailable() -> str | None:
+    """Why phase async cannot run Procrastinate here, or None if it can."""
+    if connection.vendor != "postgresql":
+        return f"PostgreSQL only, not {connection.vendor}"
+    if not apps.is_installed(PROCRASTINATE_APP):
+        return "procrastinate is not installed (pip install -e '.[bench]')"
+    return None
+
+
+def procrastinate_concurrencies() -> list[int]:
+    values = [int(c) for c in OPTIONS.procrastinate_concurrency.split(",") if c.strip()]
+    return values[:1] if OPTIONS.smoke else values
+
+
+def phase_async(run: Run) -> None:
+    """Issue 39: ``async def`` jobs on each worker process's event loop, up to
+    ``async_jobs`` at once, against Procrastinate's and Oban's async workers, against
+    running them on threads (``--async-jobs 0``), and against our own no-op drain, in
+    one run. Each peer's drain is bracketed by a drain of our defaults right before and
+    right after it, and set against their mean: on a shared machine the load moves
+    within the minutes a peer's drain takes (load 2.4 to 11.4 in one run)."""
+    sizes, report = async_sizes(OPTIONS), run.report
+    began = time.perf_counter()
+
+    def step(message: str) -> None:
+        progress(f"  [{time.perf_counter() - began:5.1f} s] {message}")
+
+    processes = OPTIONS.processes or ASYNC_PROCESSES
+    threads = OPTIONS.threads or DEFAULT_THREADS
+    n, sleep_s = sizes.jobs, sizes.sleep_s
+    half = max(1, sizes.in_flight // processes)
+    setups = {
+        "defaults": OursAsync(processes, (), "defaults"),
+        "threads": OursAsync(processes, ("--threads", str(threads)), f"threads-{threads}"),
+        "old": OursAsync(processes, ("--async-jobs", "0", "--threads", str(threads)), "old-way"),
+        "loop": OursAsync(processes, ("--async-jobs", str(half)), "in-flight-loop"),
+        "on_threads": OursAsync(
+            processes, ("--async-jobs", "0", "--threads", str(half)), "in-flight-threads"
+        ),
+    }
+    commands = {key: " ".join(b.commands()[0][2:]) for key, b in setups.items()}
+    progress(
+        f"async: {n:,} jobs awaiting asyncio.sleep({sleep_s:g}) and {n:,} no-op jobs, "
+        f"{processes} processes; {sizes.in_flight:,} in flight for memory; latency under "
+        f"{sizes.load:,} in flight"
+    )
+    details: dict[str, Any] = {
+        "sizes": asdict(sizes),
+        "processes": processes,
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+    def ours_drain(key: str, count: int) -> Drain:
+        bench = setups[key]
+        with ours_workers(bench, run) as workers:
+            bench.wait_ready(workers)
+            bench.mark()
+            result = drain_on(bench, workers, count, lambda: bench.enqueue_sleeps(count, sleep_s))
+        step(f"async drain ({commands[key]}), {count:,} jobs: {result.rate:,.0f} jobs/s")
+        return result
+
+    # Our no-op drain, the async drain and the latency with the same workers (--threads T,
+    # as every drain of ours in this bench): no-op then async, then (not in smoke) async
+    # then no-op, so that a drift of the load weighs on both alike; the means count.
+    bench = setups["threads"]
+    plants = {
+        "no-op": lambda: bench.enqueue_noops(n),
+        "async": lambda: bench.enqueue_sleeps(n, sleep_s),
+    }
+    drains: dict[str, list[Drain]] = {"no-op": [], "async": []}
+    orders = [("no-op", "async")] if OPTIONS.smoke else [("no-op", "async"), ("async", "no-op")]
+    with ours_workers(bench, run) as workers:
+        bench.wait_ready(workers)
+        for order in orders:
+            for kind in order:
+                bench.mark()
+                drains[kind].append(drain_on(bench, workers, n, plants[kind]))
+                step(f"{kind} drain ({commands['threads']}): {drains[kind][-1].rate:,.0f} jobs/s")
+        lat = latency_on(bench, workers, run.sizes, sizes.load)
+        step(
+            f"latency p50 idle {lat['idle']['p50']:.1f} ms, under {sizes.load:,} in "
+            f"flight {lat['loaded']['p50']:.1f} ms"
+        )
+
+    # The peers, each between two drains of our defaults (the settings' threads). Smoke
+    # leaves those out (a set of workers costs ~4 s to start, settle and stop): the drain
+    # above is then the reference.
+    defaults: list[Drain] = []
+    if OPTIONS.smoke:
+        report.skip("async, the defaults' drains", f"smoke: {commands['threads']} stands in")
+    else:
+        defaults.append(ours_drain("defaults", n))
+    peers: list[dict[str, Any]] = []
+    for name, settings_of, measure in async_peers(report, processes, n, sleep_s, run.log_dir):
+        result = measure()
+        step(f"{name} ({settings_of}): {result.rate:,.0f} jobs/s")
+        threads_rate = statistics.mean(d.rate for d in drains["async"])
+        before = defaults[-1].rate if defaults else threads_rate
+        if not OPTIONS.smoke:
+            defaults.append(ours_drain("defaults", n))
+        after = defaults[-1].rate if defaults else threads_rate
+        peers.append(
+            {
+                "name": name,
+                "settings": settings_of,
+                "drain": asdict(result),
+                "ours_before": before,
+                "ours_after": after,
+                "ratio": (before + after) / 2 / result.rate,
+            }
+        )
+
+    # The old way: async bodies on the threads through async_to_sync.
+    old_drain = ours_drain("old", sizes.threaded_jobs) if sizes.threaded_jobs else None
+    if old_drain is None:
+        report.skip("async, the old way", "--async-threaded-jobs 0 (smoke's)")
+
+    # Memory and connections, the same number in flight on the loops, then on threads.
+    memory: dict[str, Any] = {}
+    for key in ("loop", "on_threads"):
+        bench = setups[key]
+        with ours_workers(bench, run) as workers:
+            bench.wait_ready(workers)
+            memory[key] = in_flight_on(bench, workers, sizes.in_flight, sizes.in_flight_s)
+        loaded = memory[key]["loaded"]
+        step(
+            f"{loaded['in_flight']:,} in flight ({commands[key]}): PSS "
+            f"{loaded['memory']['all_processes_pss_mb']:.0f} MB, "
+            f"{loaded['connections']['held']} connections"
+        )
+
+    skipped = {"defaults": not defaults, "old": old_drain is None}
+    details.update(
+        commands={k: c for k, c in commands.items() if not skipped.get(k)},
+        noop_drains=[asdict(d) for d in drains["no-op"]],
+        threads_drains=[asdict(d) for d in drains["async"]],
+        default_drains=[asdict(d) for d in defaults],
+        old_drain=asdict(old_drain) if old_drain else None,
+        latency_ms=lat,
+        in_flight=memory,
+        peers=peers,
+        load_average_end=[round(x, 2) for x in os.getloadavg()],
+    )
+    report.details["async"] = details
+    async_figures(report, details, sizes, threads)
+
+
+def async_peers(
+    report: Report, processes: int, count: int, seconds: float, log_dir: Path
+) -> list[tuple[str, str, Callable[[], Drain]]]:
+    """The peers phase async drains the same jobs with, as (name, settings, measure):
+    Procrastinate at each ``--procrastinate-concurrency`` (the first only in smoke), then
+    Oban (not in smoke: its own phase runs there). Those that cannot run here are
+    skipped with the reason."""
+    peers: list[tuple[str, str, Callable[[], Drain]]] = []
+    why = async_procrastinate_unavailable()
+    if why:
+        report.skip("async, procrastinate", why)
+    else:
+        for concurrency in procrastinate_concurrencies():
+            pool = min(concurrency + 1, OPTIONS.procrastinate_pool)
+            peer = Procrastinate(processes, concurrency, "async", pool=pool)
+
+            def measure(peer: Procrastinate = peer) -> Drain:
+                plant = lambda: peer.enqueue_sleeps(count, seconds)  # noqa: E731
+                label = f"async-procrastinate-{peer.concurrency}"
+                return drain(peer, count, plant, log_dir, label)
+
+            settings_of = f"{processes} x concurrency {concurrency}, pool {pool}"
+            peers.append(("procrastinate", settings_of, measure))
+    why = oban_unavailable() or ("its own phase runs it in smoke" if OPTIONS.smoke else None)
+    if why:
+        report.skip("async, oban", why)
+    else:
+
+        def measure_oban() -> Drain:
+            peer = Oban(processes, OBAN_ASYNC_LIMIT)
+            try:
+                plant = lambda: peer.enqueue_sleeps(count, seconds)  # noqa: E731
+                return drain(peer, count, plant, log_dir, f"async-oban-{OBAN_ASYNC_LIMIT}")
+            finally:
+                peer.close()
+
+        settings_of = f"{processes} x --queues {OBAN_QUEUE}:{OBAN_ASYNC_LIMIT}"
+        peers.append(("oban", settings_of, measure_oban))
+    return peers
+
+
+def async_figures(report: Report, d: dict[str, Any], sizes: AsyncSizes, threads: int) -> None:
+    """Phase async's lines of the table and its checks, from its details. The async drain
+    set against the peers and the no-op drain is our defaults' (``run_jobs --processes
+    P``; the mean of its drains), or in smoke, which leaves those out, the no-op drain's
+    workers' (``--threads T``)."""
+    n, sleep = sizes.jobs, f"sleep({sizes.sleep_s:g})"
+    commands, peers = d["commands"], d["peers"]
+    noops = [drain["rate"] for drain in d["noop_drains"]]
+    asyncs = [drain["rate"] for drain in d["threads_drains"]]
+    noop_rate, threads_rate = statistics.mean(noops), statistics.mean(asyncs)
+    defaults = [drain["rate"] for drain in d["default_drains"]]
+    old_rate = d["old_drain"]["rate"] if d["old_drain"] else None
+    report.figures.append(
+        Figure(
+            "async_noop_drain",
+            "async phase: no-op drain",
+            "jobs/s",
+            noop_rate,
+            None,
+            note=f"{n:,} jobs; {commands['threads']}{rounds(noops)}",
+        )
+    )
+    threads_row = Figure(
+        "async_drain_threads",
+        f"async {sleep} drain, {threads} thr.",
+        "jobs/s",
+        threads_rate,
+        None,
+        note=f"{n:,} jobs; {commands['threads']}{rounds(asyncs)}",
+    )
+    report.figures.append(threads_row)
+    headline, which = threads_row, f"{threads} threads"
+    if defaults:
+        headline = Figure(
+            "async_drain_defaults",
+            f"async {sleep} drain, defaults",
+            "jobs/s",
+            statistics.mean(defaults),
+            None,
+            note=f"{n:,} jobs; {commands['defaults']}{rounds(defaults)}",
+        )
+        report.figures.append(headline)
+        which = "defaults"
+    for peer in peers:
+        column = "procrastinate" if peer["name"] == "procrastinate" else "oban"
+        if getattr(headline, column) is None:  # the first of each peer: its docs' settings
+            setattr(headline, column, peer["drain"]["rate"])
+            headline.note += f"; {peer['name']}: {peer['settings']}"
+    if old_rate:
+        report.figures.append(
+            Figure(
+                "async_drain_old",
+                f"async {sleep} drain, old way",
+                "jobs/s",
+                old_rate,
+                None,
+                note=f"{sizes.threaded_jobs:,} jobs; {commands['old']}",
+            )
+        )
+    memory = d["in_flight"]
+    for key, label in (("loop", "loop"), ("on_threads", "threads")):
+        loaded, idle = memory[key]["loaded"], memory[key]["idle"]
+        held = loaded["connections"]
+        total = f", {held['database_total']} in the database" if held["database_total"] else ""
+        grown = loaded["memory"]["all_processes_pss_mb"] - idle["memory"]["all_processes_pss_mb"]
+        per_job = grown * 1024 / loaded["in_flight"] if loaded["in_flight"] else 0.0
+        report.figures += [
+            Figure(
+                f"async_pss_{key}",
+                f"PSS, {loaded['in_flight']:,} in flight, {label}",
+                "MB",
+                loaded["memory"]["all_processes_pss_mb"],
+                None,
+                False,
+                f"idle {idle['memory']['all_processes_pss_mb']:.1f} MB (+{per_job:.0f} KB per "
+                f"job in flight); {memory[key]['processes']} processes; {commands[key]}",
+            ),
+            Figure(
+                f"async_connections_{key}",
+                f"connections, in flight, {label}",
+                "conns",
+                held["held"],
+                None,
+                False,
+                f"idle {idle['connections']['held']}{total}; {held['how']}",
+            ),
+        ]
+    lat = d["latency_ms"]
+    for cut in ("p50", "p95"):
+        report.figures.append(
+            Figure(
+                f"async_latency_{cut}",
+                f"async latency {cut}, under load",
+                "ms",
+                lat["loaded"][cut],
+                None,
+                False,
+                f"idle {lat['idle'][cut]:.1f} ms; {lat['load']:,} sleeps in flight "
+                f"({lat['load_left']:,} left after the last probe); {commands['threads']}",
+            )
+        )
+    for peer in peers:
+        target = ">= 1.2" if peer["name"] == "procrastinate" else "none"
+        report.checks.append(
+            Check(
+                f"async_over_{peer['name']}_{peer['settings']}",
+                f"async drain: {which} / {peer['name']}, {peer['settings']}",
+                peer["ratio"],
+                f"{target} ({peer['name']} {number(peer['drain']['rate'])} jobs/s; ours "
+                f"{number(peer['ours_before'])} before, {number(peer['ours_after'])} after)",
+            )
+        )
+    rate = headline.ours or 0.0
+    report.checks.append(
+        Check(
+            "async_over_noop",
+            f"async drain / no-op drain ({threads} threads, in turns)",
+            threads_rate / noop_rate,
+            ">= 0.5 (the same workers, drains in turns)",
+        )
+    )
+    if defaults:
+        report.checks.append(
+            Check(
+                "async_defaults_over_noop",
+                "async drain: defaults / no-op drain",
+                rate / noop_rate,
+                "none (other workers, minutes apart)",
+            )
+        )
+    if old_rate:
+        report.checks.append(
+            Check(
+                "async_over_old",
+                f"async drain: {which} / old way",
+                rate / old_rate,
+                f"none (the old way: {threads} threads x {processes_of(commands)} / "
+                f"{sizes.sleep_s:g} s at most)",
+            )
+        )
+    pss = {k: memory[k]["loaded"]["memory"]["all_processes_pss_mb"] for k in memory}
+    grown = {k: pss[k] - memory[k]["idle"]["memory"]["all_processes_pss_mb"] for k in memory}
+    report.checks += [
+        Check(
+            "async_pss_loop_over_threads",
+            "in flight: PSS loop / threads",
+            pss["loop"] / pss["on_threads"],
+            "<= 0.5",
+        ),
+        Check(
+            "async_pss_growth_loop_over_threads",
+            "in flight: PSS growth loop / threads",
+            grown["loop"] / grown["on_threads"] if grown["on_threads"] > 0 else 0.0,
+            f"none (over idle: {grown['loop']:.1f} / {grown['on_threads']:.1f} MB)",
+        ),
+    ]
+    workers = {
+        k: sum(memory[k]["loaded"]["memory"]["by_role_pss_mb"].get("worker", [])) for k in memory
+    }
+    if workers["on_threads"]:
+        report.checks.append(
+            Check(
+                "async_pss_workers_loop_over_threads",
+                "in flight: PSS of the worker processes only",
+                workers["loop"] / workers["on_threads"],
+                f"none ({workers['loop']:.1f} / {workers['on_threads']:.1f} MB: without the "
+                "supervisor, warm parent and dispatcher, alike in both)",
+            )
+        )
+
+
+def rounds(rates: list[float]) -> str:
+    """How a mean of several drains was made, for a note; nothing for one drain."""
+    if len(rates) < 2:
+        return ""
+    return f"; mean of {len(rates)}: {', '.join(number(rate) for rate in rates)}"
+
+
+def processes_of(commands: dict[str, str]) -> str:
+    """The --processes of phase async's commands (the same in all)."""
+    words = commands["defaults"].split()
+    return words[words.index("--processes") + 1]
+
+
 def phase_claims(run: Run) -> None:
     sizes = run.sizes
     progress(f"claims: {sizes.claims:,} each, empty table then big table")
@@ -2428,6 +3049,7 @@ PHASE_RUNNERS: dict[str, Callable[[Run], None]] = {
     "limit": phase_limit,
     "procrastinate": phase_procrastinate,
     "oban": phase_oban,
+    "async": phase_async,
     "prefix": phase_prefix,
 }
 
@@ -2656,7 +3278,38 @@ def print_header(info: dict[str, Any], sizes: Sizes) -> None:
             "an async psycopg pool, enqueue_many() for the drain (one INSERT per job, one "
             "transaction)"
         )
+    if "async" in info["phases"]:
+        print_async_header(info, async_sizes(OPTIONS))
     print(f"load average at the end: {info['load_average_end']}")
+
+
+def print_async_header(info: dict[str, Any], sizes: AsyncSizes) -> None:
+    """Phase async's setups, as its details recorded them (or would have)."""
+    phase = info.get("async") or {}
+    processes = OPTIONS.processes or ASYNC_PROCESSES
+    old_way = f"; the old way drains {sizes.threaded_jobs:,}" if sizes.threaded_jobs else ""
+    print(
+        f"async: {sizes.jobs:,} jobs awaiting asyncio.sleep({sizes.sleep_s:g}) (bench/tasks.py "
+        f"sleep_async) drained by {processes} worker processes, against {sizes.jobs:,} no-op "
+        f"jobs{old_way}; memory and connections with "
+        f"{sizes.in_flight:,} sleeping {sizes.in_flight_s:g} s in flight; latency of async "
+        f"no-op probes idle, then under {sizes.load:,} in flight"
+    )
+    if phase:
+        print(
+            f"  load average during the phase: {phase['load_average_start']} at its start, "
+            f"{phase['load_average_end']} at its end"
+        )
+    for key, command in phase.get("commands", {}).items():
+        print(f"  {key}: {command}")
+    if async_procrastinate_unavailable() is None:
+        version = info["procrastinate"]["version"]
+        print(
+            f"  procrastinate {version}: {processes} x bench/procrastinate_worker.py "
+            f"--concurrency C --pool min(C + 1, {OPTIONS.procrastinate_pool}) for C in "
+            f"{', '.join(map(str, procrastinate_concurrencies()))} (30: its docs' example; "
+            "200: ours' async_jobs), the same async task, batch_defer() for the drain"
+        )
 
 
 # --- main ------------------------------------------------------------------------------
@@ -2742,6 +3395,11 @@ def main() -> int:
         shutil.rmtree(run.log_dir, ignore_errors=True)
     elapsed = time.perf_counter() - began
     info["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    if "async" in run.report.details:
+        info["async"] = {
+            key: run.report.details["async"][key]
+            for key in ("commands", "load_average_start", "load_average_end")
+        }
     limit_checks(run.report)
     print_header(info, sizes)
     print_table(run.report)
