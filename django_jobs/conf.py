@@ -28,8 +28,9 @@ class JobsSettings:
     threads: int = 3
     # ``async def`` jobs each worker process runs at once on its event loop, beside its
     # threads' sync jobs; 0 runs them on the threads instead (docs/tasks.md, "Async
-    # jobs"). 200: a waiting coroutine costs a few KB and no connection, and 200 in
-    # flight keep up with the claim (~2,000 jobs/s of 0.2 s waits per process).
+    # jobs"). 200: a job waiting on the loop costs about 20 KB (72 KB on a thread) and
+    # no connection, and 2 x 200 in flight kept up with the claim (1,100-1,400 jobs/s of
+    # 0.2 s waits for 2 processes, bench/throughput.py phase async).
     async_jobs: int = 200
     # Threads (each with its database connection) that run the async jobs' ORM calls and
     # their start and outcome: the lane's whole connection budget (docs/running.md).
