@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.tasks import task as django_task
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 from hypothesis import given, settings
@@ -548,3 +549,28 @@ def test_a_start_through_a_hostile_rate_row_on_the_database(worker):
     assert waiting.rate_reserved_at <= timezone.now() + CENTURY
     row = RateLimit.objects.get(key="tests.rate_tasks.once_a_minute")
     assert row.period == MAX_SECONDS and len(row.starts) == 1
+
+
+async def async_generator():
+    yield 1
+
+
+def generator():
+    yield 1
+
+
+@pytest.mark.parametrize(
+    ("func", "said"),
+    [
+        (async_generator, "async_generator is an async generator function"),
+        (generator, "generator is a generator function"),
+    ],
+)
+def test_a_function_that_yields_is_refused_at_declaration(func, said):
+    """Its jobs could never store a result: each would fail in a worker. Before: declared,
+    and every job failed there (an unstorable async_generator, or the lane's own check)."""
+    with pytest.raises(InvalidTask, match=said + r": a task returns its result"):
+        jobs_task(func)
+    # Django's own decorator with our backend builds the task with our task_class: the same.
+    with pytest.raises(InvalidTask, match=said):
+        django_task(backend="default")(func)

@@ -425,6 +425,19 @@ def reject_unknown_options(options: Mapping[str, Any], message: str) -> None:
         raise TypeError(f"{message}: {', '.join(unknown)}.{f' {hint}' if hint else ''}")
 
 
+def refuse_generator(task: JobTask) -> None:
+    """A function that yields gives a generator, which no job can store as its result: every
+    job of it would fail in a worker, so the declaration fails instead, saying why."""
+    func = task.func
+    if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
+        kind = "an async generator" if inspect.isasyncgenfunction(func) else "a generator"
+        raise InvalidTask(
+            f"{task.module_path} is {kind} function: a task returns its result "
+            f"({'async ' if inspect.isasyncgenfunction(func) else ''}def ... return), "
+            "it does not yield"
+        )
+
+
 def validate_job_options(task: JobTask) -> None:
     """Every option checked and bounded where it is written.
 
@@ -433,6 +446,7 @@ def validate_job_options(task: JobTask) -> None:
     ``OverflowError``, and ``timeout=nan`` never timed out. So each is finite and
     within ``limits``, or the declaration fails naming it.
     """
+    refuse_generator(task)
     attempts = task.max_attempts
     if not is_int(attempts) or not 1 <= attempts <= MAX_ATTEMPTS:
         raise InvalidTask(
