@@ -27,6 +27,11 @@ class Lifecycle:
         self.stopping = threading.Event()
         self.immediate = threading.Event()
         self.wake = threading.Event()
+        # Set with wake when jobs may have been made ready elsewhere (a notification, the
+        # supervisor's check): a thread freeing up or a success written says nothing of
+        # that, so those set wake alone. The worker reads it to know that a lane whose
+        # last claim came back short may have jobs again (``Worker.dry``).
+        self.news = threading.Event()
         self.on_immediate: Callable[[], None] | None = None
         # Set when this process found its registry row deleted (pruned as dead by
         # someone else): it stops, and ``run_jobs`` exits non-zero so that a process
@@ -49,6 +54,11 @@ class Lifecycle:
         # died): it stops taking work, its claims are settled by recovery, and it exits
         # non-zero so that its supervisor or process manager replaces it.
         self.broken: str | None = None
+
+    def jobs_may_be_ready(self) -> None:
+        """Wake the worker with news: jobs may have been made ready since its last claim."""
+        self.news.set()
+        self.wake.set()
 
     def request_stop(self, reason: str = "") -> None:
         if not self.stopping.is_set():

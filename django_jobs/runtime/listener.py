@@ -151,7 +151,7 @@ class Listener:
                 # A job made ready, or a running job cancelled, before LISTEN took effect
                 # sent its notification to nobody: one claim and one check now find
                 # them (everything later is notified).
-                self.lifecycle.wake.set()
+                self.lifecycle.jobs_may_be_ready()
                 self.on_cancel(None)
                 self.receive(connection)
             except Exception as exc:  # psycopg.Error, or anything: never die silently
@@ -183,7 +183,7 @@ class Listener:
                 if notify.channel == CANCEL_CHANNEL:
                     self.on_cancel(cancelled_ids(notify.payload))
                 elif self.wanted(notify.payload):
-                    self.lifecycle.wake.set()
+                    self.lifecycle.jobs_may_be_ready()
             if time.monotonic() - connected_at > STABLE_AFTER:
                 self.backoff.reset()
 

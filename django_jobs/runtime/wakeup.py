@@ -213,7 +213,7 @@ class WakeFeed:
                     continue
                 self.live_until = time.monotonic() + LIVE_FOR
                 if WAKE in data:
-                    self.lifecycle.wake.set()
+                    self.lifecycle.jobs_may_be_ready()
         except Exception:  # a closed pipe, or anything: the worker polls by itself
             logger.debug("the wake feed stopped", exc_info=True)
         self.lost()
@@ -223,4 +223,4 @@ class WakeFeed:
         interval (a worker asleep for the fallback interval would not see this)."""
         if self.live_until:
             self.live_until = 0.0
-            self.lifecycle.wake.set()
+            self.lifecycle.jobs_may_be_ready()

@@ -121,6 +121,15 @@ class Worker:
         # The last claim of either kind was full of async jobs only: the next claims async
         # jobs alone, as many as the loop has room for (then either kind again).
         self.async_next = False
+        # Lanes whose last claim came back short: no ready job of that kind was left for
+        # this process. A claim of that lane alone waits for news that jobs may be ready
+        # (a notification, the supervisor's check, a job of its kind ending) or the next
+        # poll: without this, a
+        # process whose threads were all busy claimed async jobs after every job it
+        # finished, finding none (MariaDB's sync drain ran at 0.75 of its rate before the
+        # lane, bench/README.md "Async jobs").
+        self.dry: set[Lane] = set()
+        self.dry_since = 0.0
         # Jobs still running when shutdown gave up on them (an immediate stop, a body
         # the interrupt did not end): their threads cannot be killed, so the process
         # must exit without joining them.
@@ -195,18 +204,40 @@ class Worker:
             return threads, None
         slots = self.lane_room(self.lane)
         if slots > 0 and (threads <= 0 or self.async_next):
-            self.async_next = False
-            return slots, Lane.ASYNC
+            if self.async_next or Lane.ASYNC not in self.dry:
+                self.async_next = False
+                return slots, Lane.ASYNC
+            return 0, Lane.ASYNC
         if threads > 0 and slots > 0:
             return min(threads, slots), None
+        if Lane.SYNC in self.dry:
+            return 0, Lane.SYNC
         return max(threads, 0), Lane.SYNC
+
+    def note_claim(self, lane: Lane | None, limit: int, claimed: int) -> None:
+        """A claim that came back short leaves its lane dry (either kind's, both), until
+        :meth:`refresh_dry` sees news or the next poll is due."""
+        logger.debug("claimed %d of %d (%s)", claimed, limit, lane or "either kind")
+        if claimed >= limit:
+            return
+        self.dry.update((lane,) if lane is not None else (Lane.SYNC, Lane.ASYNC))
+        self.dry_since = time.monotonic()
+
+    def refresh_dry(self) -> None:
+        """Forget which lanes were dry once jobs may have been made ready since: news
+        from the listener or the supervisor's check, or a poll's interval gone by. (A
+        success the completer writes is none: it frees room of both kinds, and taking it
+        as news brought back one empty claim per batch written.)"""
+        if self.lifecycle.news.is_set():
+            self.lifecycle.news.clear()
+            self.dry.clear()
+        elif self.dry and time.monotonic() - self.dry_since >= self.idle_wait():
+            self.dry.clear()
 
     def run(self) -> None:
         backoff = Backoff(self.conf.db_retry_max_delay)
         self.completer.start()
         self.watchdog.start()
-        if self.lane is not None:
-            self.lane.start()
         # On PostgreSQL, a NOTIFY for a new ready job sets wake (see listener.py).
         listener = None if self.once else start_listener(self.conf, self.selector, self.lifecycle)
         # Elsewhere, the supervisor's check for ready jobs sets it (see wakeup.py).
@@ -217,6 +248,7 @@ class Worker:
                 if self.recycle is not None and (reason := self.recycle.reason()):
                     self.lifecycle.request_recycle(reason)
                     break
+                self.refresh_dry()
                 idle, lane = self.capacity()
                 limit = min(idle, self.conf.batch_size)
                 if self.recycle is not None:
@@ -227,6 +259,7 @@ class Worker:
                         if self.claims_in_doubt:
                             self.release_orphaned_claims()
                         claimed = self.claim_and_submit(limit, lane)
+                        self.note_claim(lane, limit, claimed)
                         backoff.reset()
                     except Exception as exc:
                         # An outage, a row no check foresaw, or a bug of ours: this loop is
@@ -372,7 +405,13 @@ class Worker:
             self.ended(job)
 
     def ended(self, job: Job) -> None:
-        """``job``'s outcome is recorded or with the completer: its room is free."""
+        """``job``'s outcome is recorded or with the completer: its room is free.
+
+        Room of its own kind: a claim of its lane alone may find a job again (one a queue
+        cap held back, say), so that lane is no longer taken as dry. The other lane still
+        is: a thread freeing up says nothing of async jobs, nor a loop slot of sync ones.
+        """
+        self.dry.discard(Lane.ASYNC if job.pk in self.on_lane else Lane.SYNC)
         self.forget(job)
         self.lifecycle.wake.set()
 
