@@ -53,6 +53,10 @@ class LoopMonitor(threading.Thread):
         self.last_tick = time.monotonic()
 
     def run(self) -> None:
+        # From now, not from when the worker built the lane: the loop starts with its
+        # first async job, which may block it at once (a stall counted from the worker's
+        # start was seconds too long).
+        self.last_tick = time.monotonic()
         interval = max(self.threshold / 4, 0.01)
         stalled_since: float | None = None
         culprit = "no job (the worker's own code)"
