@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -339,6 +340,26 @@ def module_of(frame: str) -> str:
     return "/".join(path.split("/")[:2])
 
 
+def held_per_job() -> dict[str, float]:
+    """From the rows: the drain's span (first start to last finish), and how long each
+    job held its place from its start (the claim's, on PostgreSQL) to its finish (the
+    completer's commit), in ms: its body and the steps and waits around it; and how many
+    claims started them."""
+    rows = list(Job.objects.values_list("started_at", "finished_at"))
+    held = sorted((end - start).total_seconds() * 1000 for start, end in rows if start and end)
+    if not held:
+        return {}
+    span = max(end for _, end in rows) - min(start for start, _ in rows)
+    return {
+        # The claim writes one start time for every job it starts.
+        "claims": len({start for start, _ in rows}),
+        "span_s": span.total_seconds(),
+        "mean": statistics.fmean(held),
+        "p50": held[len(held) // 2],
+        "p95": held[int(len(held) * 0.95)],
+    }
+
+
 def main() -> int:
     options = parse_args()
     spy = py_spy()
@@ -354,6 +375,7 @@ def main() -> int:
                 shutil.copy(path, options.keep_samples / path.name)
         total, inclusive, own, modules = shares(sampled)
         cells = by_step_and_kind(sampled)
+    held = held_per_job()
     empty_job_tables()
     threads = options.threads or "the settings'"
     print(
@@ -361,6 +383,13 @@ def main() -> int:
         f"({options.jobs / seconds:,.0f} jobs/s, from the enqueue) by {options.processes} x "
         f"{threads} threads; {total:,} samples of the GIL holder at {options.rate}/s"
     )
+    if held:
+        print(
+            f"rate from the rows: {options.jobs / held['span_s']:,.0f} jobs/s; each job held "
+            f"from its start to its finish's commit: mean {held['mean']:.1f} ms, p50 "
+            f"{held['p50']:.1f}, p95 {held['p95']:.1f}; {held['claims']:,} claims started "
+            f"them ({options.jobs / held['claims']:.1f} jobs each)"
+        )
     print(
         f"worker processes' CPU (user + system) per job: {1000 * cpu / options.jobs:.3f} ms"
         + (f"; server transactions per job: {commits / options.jobs:.2f}" if commits else "")

@@ -155,14 +155,22 @@ class Step:
 
 
 def settle_steps(steps: list[Step]) -> None:
-    """On the loop: each step's caller gets its outcome (unless it stopped waiting)."""
+    """On the loop: each step's caller gets its outcome (unless it stopped waiting). A
+    ``StopIteration`` (a signal receiver's, say), which an asyncio future refuses, comes
+    as a ``RuntimeError`` caused by it: refused, it would leave the batch's other callers
+    waiting forever."""
     for step in steps:
-        if step.future.cancelled():
+        if step.future.done():
             continue
-        if step.raised is not None:
-            step.future.set_exception(step.raised)
-        else:
+        raised = step.raised
+        if raised is None:
             step.future.set_result(step.value)
+            continue
+        if isinstance(raised, StopIteration):
+            wrapped = RuntimeError(f"a runtime step raised {raised!r}")
+            wrapped.__cause__ = raised
+            raised = wrapped
+        step.future.set_exception(raised)
 
 
 class RuntimeSteps:
