@@ -32,6 +32,12 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
+# What sync_to_async does with the caller's context on both sides of the thread switch:
+# every variable the call changed set again, asgiref's Local storage moved to the thread
+# it is now on. Private to asgiref, used as sync_to_async uses it, so that a step sees and
+# leaves the context exactly as one sent through sync_to_async did.
+from asgiref.sync import _restore_context
+
 # Seconds a call may run before its thread counts as held: an ORM call or a runtime step
 # takes milliseconds, a blocking call seconds.
 HELD_AFTER = 0.1
@@ -83,7 +89,7 @@ class OrmThread(ThreadPoolExecutor):
         for step in steps:
             self.since = time.monotonic()
             try:
-                step.value = step.context.run(step.func, *step.args)
+                step.value = step.context.run(step.run)
             except BaseException as exc:  # the caller's to see, as if it had called it
                 step.raised = exc
         self.since = None
@@ -153,6 +159,14 @@ class Step:
         self.value: Any = None
         self.raised: BaseException | None = None
 
+    def run(self) -> Any:
+        """In the copied context, on the ORM thread: asgiref's ``Local`` values of the
+        caller moved to this thread first, as ``sync_to_async`` moves them (left tagged
+        with the caller's thread, they were invisible here: Django's task backends, kept
+        in one, were built anew at every step)."""
+        _restore_context(self.context)
+        return self.func(*self.args)
+
 
 def settle_steps(steps: list[Step]) -> None:
     """On the loop: each step's caller gets its outcome (unless it stopped waiting). A
@@ -207,7 +221,7 @@ class RuntimeSteps:
         finally:
             # Not when the caller stopped waiting: the thread may be running in it.
             if not step.future.cancelled():
-                restore_context(step.context)
+                _restore_context(step.context)
 
     def send(self) -> None:
         steps, self.pending = self.pending, []
@@ -220,14 +234,3 @@ class RuntimeSteps:
                 for step in batch:
                     step.raised = exc
                 settle_steps(batch)
-
-
-def restore_context(context: contextvars.Context) -> None:
-    """Set in the current context every variable whose value ``context`` changed."""
-    for variable, value in context.items():
-        try:
-            if variable.get() is value:
-                continue
-        except LookupError:
-            pass
-        variable.set(value)
