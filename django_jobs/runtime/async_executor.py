@@ -35,7 +35,7 @@ from django_jobs.models import Job
 from django_jobs.observability.tracing import execution_scope, execution_span
 from django_jobs.runtime.context import ExecutionContext
 from django_jobs.runtime.executor import Attempt, begin_attempt, settle_after_error
-from django_jobs.runtime.orm_threads import OrmThreads
+from django_jobs.runtime.orm_threads import RuntimeSteps
 from django_jobs.runtime.watchdog import Control
 from django_jobs.tasks.serialization import json_return_value
 from django_jobs.text import jobs_logger
@@ -54,33 +54,35 @@ class BodyOutcome:
 async def execute_async_job(
     job: Job,
     ctx: ExecutionContext,
-    threads: OrmThreads,
+    steps: RuntimeSteps,
     *,
     started: bool = False,
     bodies: dict[asyncio.Task[Any], Job] | None = None,
 ) -> None:
     """Start (unless the claim did), run and finalise ``job`` on the running loop; never
-    raises. ``threads``: the lane's ORM threads (the job's own calls go to one of them,
-    the steps around its body to the least busy). ``bodies``: where the body's task is
-    registered while it runs (the lane's loop monitor names the job that blocks it).
+    raises. ``steps``: the lane's way to its ORM threads (the job's own calls go to one
+    of them, the steps around its body, batched with other jobs' steps, to the least
+    busy). ``bodies``: where the body's task is registered while it runs (the lane's loop
+    monitor names the job that blocks it).
 
     Two trips to an ORM thread per job, one before the body and one after: each trip is
-    a thread switch, and at hundreds of jobs a second they were what bounded the lane."""
-    own = threads.for_job()
+    a thread switch, and at hundreds of jobs a second they were what bounded the lane
+    (now shared by the jobs that start or end in the same turn of the loop)."""
+    own = steps.threads.for_job()
     try:
         async with ThreadSensitiveContext(executor=own):
             with execution_scope(job):
                 try:
-                    attempt = await threads.call(begin_fresh, job, ctx, started)
+                    attempt = await steps.call(begin_fresh, job, ctx, started)
                     if attempt is None:
                         return
                     outcome = await run_body(attempt, ctx, bodies)
-                    await threads.call(conclude, attempt, ctx, outcome)
+                    await steps.call(conclude, attempt, ctx, outcome)
                 except Exception as exc:
                     # A bug of ours, or an outcome the database refused: the job must not
                     # stay claimed by a live process forever.
                     logger.exception("internal error while running job %s", job.pk)
-                    await threads.call(settle_and_close, job, ctx, exc)
+                    await steps.call(settle_and_close, job, ctx, exc)
     finally:
         own.release()
 

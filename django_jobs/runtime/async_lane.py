@@ -29,7 +29,7 @@ from django_jobs.models import Job
 from django_jobs.runtime.async_executor import execute_async_job
 from django_jobs.runtime.context import ExecutionContext
 from django_jobs.runtime.loop_monitor import LoopMonitor
-from django_jobs.runtime.orm_threads import OrmThreads
+from django_jobs.runtime.orm_threads import OrmThreads, RuntimeSteps
 from django_jobs.text import jobs_logger
 
 logger = jobs_logger("django_jobs.worker")
@@ -55,6 +55,7 @@ class AsyncLane:
         setattr(self.loop, "stop", self.refuse_stop_from_tasks)  # noqa: B010 (a method)
         self.thread = threading.Thread(target=self.serve, name="django-jobs-async", daemon=True)
         self.orm = OrmThreads(orm_threads)
+        self.steps = RuntimeSteps(self.orm, self.loop)
         # The loop's default executor: ``sync_to_async(thread_sensitive=False)`` and
         # ``run_in_executor(None, ...)`` of the jobs.
         self.pool = ClosingPool(thread_name_prefix="django-jobs-async-pool")
@@ -62,6 +63,7 @@ class AsyncLane:
         self.lock = threading.Lock()
         self.started = False
         self.in_flight = 0
+        self.tasks: set[asyncio.Task[None]] = set()
         self.closing = False
         # The body task of each job running, for the monitor to name the one that blocks.
         self.bodies: dict[asyncio.Task[Any], Job] = {}
@@ -112,17 +114,34 @@ class AsyncLane:
         with self.lock:
             return self.slots - self.in_flight
 
-    def submit(self, job: Job, started: bool, done: Any) -> None:
-        """Run ``job`` on the loop; ``done()`` is called (on the loop) once its outcome is
-        recorded or handed to the completer."""
+    def submit(self, jobs: list[tuple[Job, bool, Callable[[], None]]]) -> None:
+        """Run each ``(job, started, done)`` on the loop; ``done()`` is called (on the loop)
+        once its outcome is recorded or handed to the completer. One wake-up of the loop
+        for a claim's jobs, where one each was a write to the loop's self-pipe and a turn
+        of the loop to read it."""
+        if not jobs:
+            return
         self.start()
         with self.lock:
-            self.in_flight += 1
-        asyncio.run_coroutine_threadsafe(self.run(job, started, done), self.loop)
+            self.in_flight += len(jobs)
+        try:
+            self.loop.call_soon_threadsafe(self.start_jobs, jobs)
+        except BaseException:
+            with self.lock:
+                self.in_flight -= len(jobs)
+            raise
+
+    def start_jobs(self, jobs: list[tuple[Job, bool, Callable[[], None]]]) -> None:
+        """On the loop: a task per job, held until it ends (the loop keeps only weak
+        references to its tasks)."""
+        for job, started, done in jobs:
+            task = self.loop.create_task(self.run(job, started, done))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
 
     async def run(self, job: Job, started: bool, done: Any) -> None:
         try:
-            await execute_async_job(job, self.ctx, self.orm, started=started, bodies=self.bodies)
+            await execute_async_job(job, self.ctx, self.steps, started=started, bodies=self.bodies)
         finally:
             with self.lock:
                 self.in_flight -= 1

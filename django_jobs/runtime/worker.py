@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from inspect import isasyncgenfunction
 
 from django.db import close_old_connections
@@ -377,6 +379,7 @@ class Worker:
         if self.recycle is not None:
             self.recycle.count(len(jobs))
         lost = {job.pk for job in startable} - started
+        on_lane: list[Job] = []
         for job in jobs:
             if job.pk in lost and job.status == JobStatus.SCHEDULED:
                 # Over its rate limit: the start sent it back to wait for its window.
@@ -390,13 +393,19 @@ class Worker:
                 self.forget(job)
                 continue
             if self.lane is not None and runs_async(job):
-                with self.lock:
-                    self.on_lane.add(job.pk)
-                self.lane_jobs.add(job.pk)
-                self.lane.submit(job, job.pk in started, lambda job=job: self.ended(job))
-            else:
-                self.pool.submit(self.run_one, job, job.pk in started)
+                on_lane.append(job)
+                continue
+            self.pool.submit(self.run_one, job, job.pk in started)
             submitted.add(job.pk)
+        if self.lane is not None and on_lane:
+            with self.lock:
+                self.on_lane.update(job.pk for job in on_lane)
+            self.lane_jobs.update(job.pk for job in on_lane)
+            runs: list[tuple[Job, bool, Callable[[], None]]] = [
+                (job, job.pk in started, partial(self.ended, job)) for job in on_lane
+            ]
+            self.lane.submit(runs)
+            submitted.update(job.pk for job in on_lane)
 
     def run_one(self, job: Job, started: bool) -> None:
         try:
