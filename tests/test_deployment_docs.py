@@ -24,6 +24,7 @@ import yaml
 from django.core.management import CommandError, get_commands, load_command_class
 
 from django_jobs.conf import JobsSettings
+from django_jobs.models import Process
 from tests.harness import FAST_ENV, MANAGE, REPO_ROOT, database_url, wait_until
 
 PAGE = REPO_ROOT / "docs" / "deployment.md"
@@ -289,6 +290,16 @@ def test_the_probes_exit_codes_without_and_with_a_live_worker(run_jobs, tmp_path
 
     # A live run_jobs (worker and dispatcher): ready and alive.
     worker = run_jobs()
+    # Its rows first, read here: each probe is a Python process importing Django, and
+    # probes started back to back while run_jobs starts only slow that start down.
+    wait_until(
+        lambda: (
+            {Process.Kind.WORKER, Process.Kind.DISPATCHER}
+            <= set(Process.objects.values_list("kind", flat=True))
+        ),
+        timeout=60,
+        what="run_jobs' worker and dispatcher registered",
+    )
     wait_until(lambda: run_probe(ready, env).returncode == 0, timeout=60, what="readiness")
     done = run_probe(alive, env)
     assert done.returncode == 0, done.stderr
