@@ -414,23 +414,20 @@ def test_a_task_a_body_made_that_blocks_the_loop_is_named_as_that_job(run_jobs):
 
 
 def test_a_job_holding_an_orm_thread_holds_up_no_other_job(run_jobs, tmp_path):
-    """A job blocks in ``sync_to_async(time.sleep)(15)``, thread-sensitive as by default:
+    """A job blocks in ``sync_to_async(time.sleep)(8)``, thread-sensitive as by default:
     one of the 4 ORM threads is held. 100 async jobs enqueued then, each querying through
     the async ORM and sync_to_async, start, run and are recorded while it is still held:
     their steps and calls go to the threads not held. Before, a job's thread was chosen
     at its start by how many jobs each had, and every job given the held one waited for
-    it (200 such jobs: 0.45 s at the 90th percentile without the blocker, 4.6 s with).
-    15 s, not 8: on SQLite under load the 100 jobs' writes (one writer at a time) took
-    longer than 8 s now and then, held up by nothing but the load (failed 1 in 3 before
-    the async lane's batched steps too, at load 3)."""
+    it (200 such jobs: 0.45 s at the 90th percentile without the blocker, 4.6 s with)."""
     flag = tmp_path / "holding"
     proc = run_jobs("--processes", "1", "--threads", "2")
-    blocker = at.blocks_an_orm_thread.enqueue(15.0, str(flag))
+    blocker = at.blocks_an_orm_thread.enqueue(8.0, str(flag))
     wait_until(flag.exists, 20, what="the blocking call begun")
     quick = bulk_enqueue([(at.uses_the_orm, ["default"], {}) for _ in range(100)])
     settled([int(result.id) for result in quick], 20)
     assert job_row(blocker).status == JobStatus.RUNNING, "the quick jobs waited for it"
-    assert settled([int(blocker.id)])[int(blocker.id)].return_value == 15.0
+    assert settled([int(blocker.id)])[int(blocker.id)].return_value == 8.0
     stop(proc)
 
 
