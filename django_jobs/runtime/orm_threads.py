@@ -48,6 +48,8 @@ except ImportError:  # pragma: no cover (asgiref 3.13 has it)
 # Seconds a call may run before its thread counts as held: an ORM call or a runtime step
 # takes milliseconds, a blocking call seconds.
 HELD_AFTER = 0.1
+# Seconds after which a running call makes its thread the last choice among those not held.
+SLOWING_AFTER = 0.01
 
 
 class OrmThread(ThreadPoolExecutor):
@@ -66,6 +68,16 @@ class OrmThread(ThreadPoolExecutor):
         """Its current call has run for longer than an ORM call takes."""
         since = self.since
         return since is not None and now - since > HELD_AFTER
+
+    def slowing(self, now: float) -> bool:
+        """Its current call has run for longer than a quick ORM call: not held yet, but
+        the thread to pass over while another is free of such a call. Without it, the
+        jobs whose first call came in the first ``HELD_AFTER`` of another job's blocking
+        call could pick its thread by queue length and wait out the whole block (1 run in
+        2 of tests/test_async_runtime.py's held thread on MariaDB, once starts came in
+        batches and so sooner)."""
+        since = self.since
+        return since is not None and now - since > SLOWING_AFTER
 
     def submit[T](self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         with self.counts:
@@ -139,7 +151,10 @@ class OrmThreads:
         fewest jobs. Queue lengths alone do not see a held thread: a burst of starts
         fills every queue evenly, the held one's too."""
         now = time.monotonic()
-        return min(self.threads, key=lambda thread: (thread.held(now), thread.busy, thread.jobs))
+        return min(
+            self.threads,
+            key=lambda thread: (thread.held(now), thread.slowing(now), thread.busy, thread.jobs),
+        )
 
     def for_job(self) -> JobThread:
         return JobThread(self)
