@@ -136,10 +136,9 @@ class Worker:
         # Lanes whose last claim came back short: no ready job of that kind was left for
         # this process. A claim of that lane alone waits for news that jobs may be ready
         # (a notification, the supervisor's check, a job of its kind ending) or the next
-        # poll: without this, a
-        # process whose threads were all busy claimed async jobs after every job it
-        # finished, finding none (MariaDB's sync drain ran at 0.75 of its rate before the
-        # lane, bench/README.md "Async jobs").
+        # poll: without this, a process whose threads were all busy claimed async jobs
+        # after every job it finished, finding none (MariaDB's sync drain ran at 0.75 of
+        # its rate before the lane).
         self.dry: set[Lane] = set()
         self.dry_since = 0.0
         # Jobs still running when shutdown gave up on them (an immediate stop, a body
