@@ -103,7 +103,8 @@ def listeners() -> list[tuple[int, bool, float]]:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid, state = 'idle' AND query = %s, "
-            "EXTRACT(EPOCH FROM clock_timestamp() - state_change) "
+            # state_change is NULL while a backend is still starting up: not yet settled.
+            "COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - state_change), 0) "
             "FROM pg_stat_activity WHERE datname = current_database() "
             "AND application_name LIKE %s",
             [f"LISTEN {CHANNEL}", f"{APPLICATION_NAME}%"],
