@@ -55,7 +55,9 @@ unique_until_start = jobs_task(tasks.add.func, unique_key="u:{a}", unique_until=
 
 
 def migration():
-    return import_module("django_jobs.migrations.0014_mysql_claim_procedure")
+    """The claim procedure as the latest migration that creates it does (0014's, with 0023's
+    lock of the process row): a test that drops or rebuilds it puts back that one."""
+    return import_module("django_jobs.migrations.0023_claims_lock_their_process_row")
 
 
 @pytest.fixture

@@ -49,12 +49,18 @@ def deregister_process(db: str, process_id: int, reason: str) -> dict[int, str]:
 def prune_dead_processes(
     db: str, alive_threshold: float, *, exclude: Iterable[int] = ()
 ) -> dict[int, str]:
-    """Recover the claims of every process past the alive threshold, then delete it.
+    """Delete every process past the alive threshold, then recover its claims.
 
+    The row goes first: every claim locks its process's row before it takes a job
+    (``core.ready.claim_jobs``), so once the delete has committed a process that is
+    still running after all (a long pause, a clock jump) claims nothing more, and
+    the recovery that follows sees every claim it ever made. Recovering first let
+    such a process claim again a job just recovered, under the same id, and its
+    first attempt's late outcome then ended the second (tests/test_pruned_claims.py).
     Also settles claims whose process row is already gone (a crash between a
-    prune's recovery and its delete). Safe to run from several dispatchers:
-    each claim is recovered once under its row lock. ``exclude``: rows known
-    to be alive whatever their heartbeat says (the caller's own, its supervisor's).
+    prune's delete and its recovery). Safe to run from several dispatchers: each
+    claim is recovered once under its row lock. ``exclude``: rows known to be alive
+    whatever their heartbeat says (the caller's own, its supervisor's).
     """
     cutoff = timezone.now() - timedelta(seconds=alive_threshold)
     outcomes: dict[int, str] = {}
@@ -64,15 +70,17 @@ def prune_dead_processes(
             f"{process.kind} {process.name} (pid {process.pid}) stopped heartbeating "
             f"at {process.last_heartbeat_at.isoformat()}"
         )
-        recovered = recover_process_claims(db, process.pk, reason)
-        outcomes.update(recovered)
+        # Unless it beat meanwhile: then it is alive, and its claims are its own.
         deleted, _ = (
             Process.objects.using(db).filter(pk=process.pk, last_heartbeat_at__lt=cutoff).delete()
         )
-        if deleted or recovered:
-            logger.warning(
-                "pruned dead process %s; recovered %d claim(s)", process.name, len(recovered)
-            )
+        if not deleted:
+            continue
+        recovered = recover_process_claims(db, process.pk, reason)
+        outcomes.update(recovered)
+        logger.warning(
+            "pruned dead process %s; recovered %d claim(s)", process.name, len(recovered)
+        )
     orphans = (
         ClaimedExecution.objects.using(db)
         .exclude(process_id__in=Process.objects.using(db).values("pk"))

@@ -104,6 +104,10 @@ def claim_jobs(
         if claimed is not None:
             return claimed
     with hot_transaction(db):
+        # Its process's row first, locked: a process pruned as dead claims nothing
+        # (Operations.lock_own_process; the one statement and the procedure do the same).
+        if not ops(db).lock_own_process(db, process_id):
+            return []
         # Read in the claim query itself, unless queue caps need the list first.
         paused_names = Pause.objects.using(db).values_list("queue_name", flat=True)
         paused: set[str] | QuerySet[Pause, str] = paused_names

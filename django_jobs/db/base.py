@@ -83,6 +83,30 @@ class Features:
 class Operations:
     """Database operations written once for every database; vendors override some."""
 
+    # How a claim locks its own process's row (lock_own_process): shared, since the
+    # process's heartbeat writes the row meanwhile. SQLite's BEGIN IMMEDIATE already holds
+    # the database's one write lock (testproject/settings.py): a plain read.
+    own_process_lock = ""
+
+    def lock_own_process(self, db: str, process_id: int) -> bool:
+        """Lock the claiming process's row before a claim takes a job; False if it is gone.
+
+        A process pruned as dead may still run (a long pause, a clock jump) and claim until
+        its heartbeat finds its row gone. The prune deletes the row first and recovers the
+        process's claims after (``core.processes.prune_dead_processes``); with this lock a
+        claim either commits before the delete, which waits for it, and the recovery sees
+        it, or finds no row and must claim nothing: no claim outlives the prune, and none
+        takes again, under the old id, a job the prune recovered (tests/test_pruned_claims.py).
+        """
+        from django_jobs.models import Process
+
+        table = connections[db].ops.quote_name(Process._meta.db_table)
+        with connections[db].cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {table} WHERE id = %s{self.own_process_lock}", [process_id]
+            )
+            return cursor.fetchone() is not None
+
     def lock_in_key_order(self, rows: QuerySet[RowT], keys: Iterable[str]) -> list[RowT]:
         """Lock the rows of ``keys`` (a ``key`` column) in ascending key order, by code point
         as Python sorts: every path that holds several semaphores (or rate-limit rows) takes

@@ -61,6 +61,10 @@ class Features(base.Features):
 
 
 class Operations(base.Operations):
+    # Shared, and a locking read: it sees the latest committed row, not the snapshot of a
+    # transaction that began before the prune's delete (REPEATABLE READ).
+    own_process_lock = " LOCK IN SHARE MODE"
+
     def prefix_condition(self, field: str, prefix: str) -> Q:
         """``LIKE 'prefix%'`` in the column's collation, which its index serves: the prefix
         matches without regard to case, as the column compares everywhere on MySQL and

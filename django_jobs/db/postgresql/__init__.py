@@ -62,6 +62,9 @@ class Features(base.Features):
 
 
 class Operations(base.Operations):
+    # KEY SHARE: the heartbeat's UPDATE (no key changed) goes on beside it; a DELETE waits.
+    own_process_lock = " FOR KEY SHARE"
+
     def lock_in_key_order(self, rows: QuerySet[RowT], keys: Iterable[str]) -> list[RowT]:
         """One statement: PostgreSQL locks the rows of ``ORDER BY ... FOR UPDATE`` in the
         sorted order, sorted by code point (collation "C") as Python sorts."""

@@ -38,6 +38,7 @@ from django_jobs.models import (
     Job,
     JobStatus,
     Pause,
+    Process,
     ReadyExecution,
     UniqueUntil,
 )
@@ -85,7 +86,7 @@ def claim_matching(
             start,
             now,
         ]
-    params = [*picked_params, *moved_params, process_id, now, now]
+    params = [process_id, *picked_params, *moved_params, process_id, now, now]
     connection = connections[db]
     with unprepared_cursor(connection) as cursor:
         cursor.execute(sql, params)
@@ -116,8 +117,8 @@ def claim_statement(
     # this statement is its own transaction.
     picked_sql += " FOR UPDATE SKIP LOCKED"
     quote = connection.ops.quote_name
-    job, ready, claimed = (
-        quote(model._meta.db_table) for model in (Job, ReadyExecution, ClaimedExecution)
+    job, ready, claimed, process = (
+        quote(model._meta.db_table) for model in (Job, ReadyExecution, ClaimedExecution, Process)
     )
     columns = ", ".join(f"{job}.{quote(column(f))}" for f in Job._meta.concrete_fields)
     if not starts:
@@ -134,10 +135,14 @@ def claim_statement(
             f"ELSE started_at END, "
             f"last_attempted_at = CASE WHEN {starting} THEN %s ELSE last_attempted_at END "
         )
+    # The process's own row first, under KEY SHARE (Operations.lock_own_process says why):
+    # an uncorrelated EXISTS is a one-time filter, checked before the ready rows are read,
+    # so a process pruned as dead claims nothing and locks no ready row.
     sql = (
-        f"WITH picked AS ({picked_sql}), "
-        f"taken AS (DELETE FROM {ready} WHERE job_id IN (SELECT job_id FROM picked) "
-        f"RETURNING job_id), "
+        f"WITH alive AS (SELECT id FROM {process} WHERE id = %s FOR KEY SHARE), "
+        f"picked AS ({picked_sql}), "
+        f"taken AS (DELETE FROM {ready} WHERE EXISTS (SELECT 1 FROM alive) "
+        f"AND job_id IN (SELECT job_id FROM picked) RETURNING job_id), "
         f"moved AS ({moved}FROM taken WHERE {job}.id = taken.job_id "
         f"RETURNING {columns}), "
         f"held AS (INSERT INTO {claimed} (job_id, process_id, queue_name, concurrency_key, "
