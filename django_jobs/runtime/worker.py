@@ -166,11 +166,16 @@ class Worker:
         another: 0.29 of the unlimited drain with 1,000 keys instead of 0.55, and
         4.4x django-tasks-db's drain instead of 5.0x (bench/throughput.py, same run).
         """
+        lane: set[int] = set()
         with self.lock:
-            running = set(self.running) - self.on_lane
-            lane = self.on_lane | self.lane_jobs
+            running = set(self.running)
+            if self.lane_jobs:  # else nothing of the lane's, running or unwritten
+                running -= self.on_lane
+                lane = self.on_lane | self.lane_jobs
         # The lane's unwritten successes are counted against its own slots (lane_room).
-        unwritten = self.completer.pending_ids() - lane
+        unwritten = self.completer.pending_ids()
+        if lane:
+            unwritten -= lane
         busy = len(running - unwritten)
         threads = self.conf.threads
         return min(threads - busy, unrecorded_bound(threads) - busy - len(unwritten))
@@ -187,6 +192,11 @@ class Worker:
         a completer that fell behind: 63 completed jobs failed by one kill with 20 slots
         (tests/test_async_runtime.py, the completer slowed to a batch a second).
         """
+        if not self.lane_jobs:
+            # Nothing on the lane nor unwritten from it (``lane_jobs`` holds every job of
+            # ``on_lane``, and only this thread changes it): a process of sync jobs pays
+            # no lock and no copy of the completer's ids here, once per job that ends.
+            return lane.free()
         # On the lane first, then pending: a job leaves the lane only after its success
         # has gone to the completer, so it is seen in one or the other.
         with self.lock:
