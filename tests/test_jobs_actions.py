@@ -589,6 +589,10 @@ def command_env() -> dict[str, str]:
     return env
 
 
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextmanager
 def on_terminal(*args: str, text: bool = False) -> Iterator[tuple[subprocess.Popen, int]]:
     """``manage.py jobs <args>`` reading a pseudo-terminal (so it may ask), its output piped;
@@ -604,6 +608,10 @@ def on_terminal(*args: str, text: bool = False) -> Iterator[tuple[subprocess.Pop
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=text,
+                # Ctrl-C as at a terminal, whatever started the tests: a shell's background
+                # job (`pytest ... &`) ignores SIGINT, the command inherited that, Python then
+                # raised no KeyboardInterrupt, and the Ctrl-C test waited out its 120 s.
+                preexec_fn=default_sigint,
             ),
             primary,
         )
