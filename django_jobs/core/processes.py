@@ -51,12 +51,15 @@ def prune_dead_processes(
 ) -> dict[int, str]:
     """Delete every process past the alive threshold, then recover its claims.
 
-    The row goes first: every claim locks its process's row before it takes a job
+    The row goes first: every claim checks its process's row before it takes a job
     (``core.ready.claim_jobs``), so once the delete has committed a process that is
-    still running after all (a long pause, a clock jump) claims nothing more, and
-    the recovery that follows sees every claim it ever made. Recovering first let
-    such a process claim again a job just recovered, under the same id, and its
-    first attempt's late outcome then ended the second (tests/test_pruned_claims.py).
+    still running after all (a long pause, a clock jump) claims nothing more. The
+    recovery that follows sees every claim it made (one of PostgreSQL's one-statement
+    claims that began before the delete may land after it: the sweep below, at the
+    next prune, recovers it; ``db/postgresql/claims.py`` says why that is enough).
+    Recovering first let such a process claim again a job just recovered, under the
+    same id, and its first attempt's late outcome then ended the second
+    (tests/test_pruned_claims.py).
     Also settles claims whose process row is already gone (a crash between a
     prune's delete and its recovery). Safe to run from several dispatchers: each
     claim is recovered once under its row lock. ``exclude``: rows known to be alive

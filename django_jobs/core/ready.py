@@ -105,7 +105,8 @@ def claim_jobs(
             return claimed
     with hot_transaction(db):
         # Its process's row first, locked: a process pruned as dead claims nothing
-        # (Operations.lock_own_process; the one statement and the procedure do the same).
+        # (Operations.lock_own_process; MySQL/MariaDB's procedure does the same, and
+        # PostgreSQL's one statement reads the row in its snapshot).
         if not ops(db).lock_own_process(db, process_id):
             return []
         # Read in the claim query itself, unless queue caps need the list first.

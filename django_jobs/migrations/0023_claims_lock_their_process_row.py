@@ -7,9 +7,10 @@ recovered, so that the first attempt's late outcome ended the second (``lock_own
 matches job and process). Every claim path now reads its process row under a shared lock
 first (``core/ready.py``, ``claim_jobs``): a claim either commits before the prune's delete,
 which waits for it, and the recovery after the delete sees it; or it finds the row gone and
-claims nothing. Here, migration 0014's procedure with that read added; the statements' path
-and PostgreSQL's one statement do the same in Python and SQL. Elsewhere this migration does
-nothing.
+claims nothing. Here, migration 0014's procedure with that read added (a plain read would
+not do: under REPEATABLE READ it sees the view of the transaction's start); the statements'
+path does the same in Python, PostgreSQL's one statement reads the row in its snapshot
+(``db/postgresql/claims.py``). Elsewhere this migration does nothing.
 """
 
 import importlib
