@@ -10,9 +10,11 @@ With a concurrency key that frees the slot while attempt 2 still runs: two jobs 
 limit 1 running at once, the over-admission the limits exist to prevent.
 
 Now the prune deletes the row first and recovers after (``core.processes``), and every claim
-path locks its process row before it takes a ready row (``Operations.lock_own_process``,
-the claim statement on PostgreSQL, the claim procedure on MySQL/MariaDB): a claim either
-commits before the delete, and the recovery that follows sees it, or claims nothing.
+path checks its process row before it takes a ready row: locked on the statements' path
+(``Operations.lock_own_process``) and in the claim procedure of MySQL/MariaDB, so that a claim
+either commits before the delete, and the recovery that follows sees it, or claims nothing;
+read in the snapshot of PostgreSQL's one statement, which never shows both the row and a job
+the prune recovered (``db/postgresql/claims.py``).
 """
 
 from __future__ import annotations
