@@ -8,7 +8,15 @@ same run. bench/throughput.py measures us against peers; this runs its ``drain``
 ``latency`` phases for us alone, in each checkout in turn (A, B, A, B, ...: the machine's
 drift falls on both), each round a fresh process that imports that checkout's code, and
 prints the rates, the workers' CPU per job, their memory (PSS) and enqueue→start p50/p95,
-then B / A of the means. Figures are printed, never asserted. Each checkout runs with its
+then B / A of the means. Figures are printed, never asserted.
+
+A round's two runs are paired, so each round gives one ratio B/A that the machine's drift
+between rounds does not move; the rounds alternate which checkout runs first (A B, B A, ...),
+so that neither always meets the state the other left (a warm cache, a longer WAL). The
+ratios' spread is printed beside the ratio of the means: their 95% interval (Student's t)
+says whether a "within 5%" verdict is a finding or noise. On this 2-core machine a round's
+ratio swings by up to 15% on SQLite and MariaDB: six SQLite rounds gave intervals ±7% to
+±13% wide, so a 5% verdict there needs a dozen rounds or more. Each checkout runs with its
 own ``.venv/bin/python`` where it has one (so that each has its own installed packages;
 equal extras matter: unequal venvs once gave a false +8% of memory), else ``--python``.
 The database's name contains "throughput" (bench/throughput.py empties its tables).
@@ -102,8 +110,9 @@ def main() -> int:
     checkouts = {"A": options.before.resolve(), "B": options.after.resolve()}
     runs: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     for round_ in range(1, options.rounds + 1):
-        for name, checkout in checkouts.items():
-            figures = measure(checkout, options)
+        order = ("A", "B") if round_ % 2 else ("B", "A")
+        for name in order:
+            figures = measure(checkouts[name], options)
             runs[name].append(figures)
             shown = ", ".join(f"{key} {figures[key]:,.3f}" for key, _ in FIGURES)
             print(f"round {round_} {name}: {shown}", flush=True)
@@ -111,8 +120,28 @@ def main() -> int:
     for key, label in FIGURES:
         a = statistics.mean(run[key] for run in runs["A"])
         b = statistics.mean(run[key] for run in runs["B"])
-        print(f"{label:>24}: A {a:10,.3f}  B {b:10,.3f}  B/A {b / a:.3f}")
+        pairs = zip(runs["A"], runs["B"], strict=True)
+        paired = [after[key] / before[key] for before, after in pairs]
+        print(
+            f"{label:>24}: A {a:10,.3f}  B {b:10,.3f}  B/A {b / a:.3f}  "
+            f"rounds' B/A {min(paired):.3f}-{max(paired):.3f}, {interval(paired)}"
+        )
     return 0
+
+
+# Student's t at 97.5% for 1 to 10 degrees of freedom (more rounds: the normal's 1.96
+# is within 3% of it past 30; 2.0 is used past 10).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def interval(ratios: list[float]) -> str:
+    """The 95% interval of the mean of the rounds' paired ratios, as text."""
+    if len(ratios) < 2:
+        return "one round: no interval"
+    mean = statistics.mean(ratios)
+    t = T_975[len(ratios) - 2] if len(ratios) - 1 <= len(T_975) else 2.0
+    half = t * statistics.stdev(ratios) / len(ratios) ** 0.5
+    return f"mean {mean:.3f}, 95% interval {mean - half:.3f}-{mean + half:.3f}"
 
 
 if __name__ == "__main__":
