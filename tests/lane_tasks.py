@@ -7,6 +7,9 @@ The options a path needs (a key, retries, a delay) are given with ``.using(...)`
 
 from __future__ import annotations
 
+import os
+import time
+
 from django.tasks import task
 
 from django_jobs import task as jobs_task
@@ -35,3 +38,15 @@ async def async_callback(batch_id: int, succeeded: int, failed: int) -> int:
 # By kind: whether the task is ``async def``.
 ECHO = {False: sync_echo, True: async_echo}
 CALLBACK = {False: sync_callback, True: async_callback}
+
+
+@jobs_task
+def sync_hold(gate: str, most: float = 60.0) -> bool:
+    """Hold a thread until the file ``gate`` exists (at most ``most`` seconds): True if it
+    was released, False if it gave up."""
+    deadline = time.monotonic() + most
+    while time.monotonic() < deadline:
+        if os.path.exists(gate):
+            return True
+        time.sleep(0.02)
+    return False

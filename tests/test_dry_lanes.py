@@ -16,12 +16,13 @@ real ``run_jobs`` process; each test names the count before the fix.
 from __future__ import annotations
 
 import re
+import time
 from datetime import datetime
 
 import pytest
 
 from django_jobs.models import Job, JobStatus
-from tests import async_tasks, transition_tasks
+from tests import async_tasks, lane_tasks, transition_tasks
 from tests.harness import wait_until
 
 pytestmark = pytest.mark.workers
@@ -33,6 +34,9 @@ JOBS = 400
 # per-job claim reaches; at the default 0.2 s the two are apart by four times or more.
 POLLING_INTERVAL = 0.2
 WORKER_ENV = {"JOBS_LOG_LEVEL": "DEBUG", "JOBS_POLLING_INTERVAL": str(POLLING_INTERVAL)}
+# No news of ready jobs at all (no LISTEN on PostgreSQL, no supervisor's check elsewhere):
+# what the worker claims is then decided by its polls alone.
+NO_NEWS = {**WORKER_ENV, "JOBS_LISTEN_NOTIFY": "false", "JOBS_READY_CHECK_INTERVAL": "none"}
 
 
 def empty_claims(output: str, lane: str) -> int:
@@ -86,3 +90,42 @@ def test_a_full_loop_does_not_claim_sync_jobs_after_every_async_job_that_ends(ru
     proc = run_jobs("--processes", "1", "--threads", "2", "--async-jobs", "2", env=WORKER_ENV)
     wait_until(all_succeeded, 120, what="the async jobs")
     assert_dry_lane_claimed_on_news_only(proc.output(), "sync", figure)
+
+
+def test_a_dry_async_lane_is_claimed_again_at_the_next_poll_without_news(
+    run_jobs, tmp_path, figure
+):
+    """The other side of the rule: a process whose one thread stays busy, which found its
+    async lane dry and hears no news, still claims an async job made ready meanwhile, at a
+    poll, on its event loop, while the thread is still held (no claim of either kind comes
+    to take it: no thread frees up)."""
+    gate = tmp_path / "release"
+    held = lane_tasks.sync_hold.enqueue(str(gate), 120.0)
+    proc = run_jobs("--processes", "1", "--threads", "1", env=NO_NEWS)
+    try:
+        wait_until(
+            lambda: Job.objects.get(pk=held.id).status == JobStatus.RUNNING,
+            60,
+            what="the held sync job to start",
+        )
+        # Its one thread busy, the worker claims async jobs alone and finds none: the
+        # lane is dry from here on, until a poll.
+        wait_until(
+            lambda: re.search(r"claimed 0 of \d+ \(async\)", proc.output()),
+            60,
+            what="an empty claim of async jobs",
+        )
+        echoed = lane_tasks.async_echo.enqueue("reached")
+        began = time.monotonic()
+        wait_until(
+            lambda: Job.objects.get(pk=echoed.id).status == JobStatus.SUCCEEDED,
+            60,
+            what="the async job",
+        )
+        waited = time.monotonic() - began
+        figure(f"async job behind a held thread, no news: done after {waited:.2f}s")
+        assert Job.objects.get(pk=held.id).status == JobStatus.RUNNING  # still held
+    finally:
+        gate.touch()
+    wait_until(lambda: Job.objects.get(pk=held.id).status == JobStatus.SUCCEEDED, 60)
+    assert Job.objects.get(pk=held.id).return_value is True
