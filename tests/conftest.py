@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
-from tests.harness import RunJobs, database_url
+from tests.harness import RunJobs, app_permissions, database_url
 
 # Every property test of the suite: no deadline (an example is a page load or a job through
 # a real worker on a real database, as slow as the machine is), no example database (a
@@ -67,6 +67,27 @@ def flush_what_was_written():
         ops.sql_flush = truncate
 
 
+@pytest.fixture(scope="session", autouse=True)
+def flush_without_post_migrate():
+    """Django's flush after each ``transactional_db`` test ends with the ``post_migrate``
+    signal, whose receivers make every app's 28 content types and 96 permissions again, one
+    query each at least: 50 ms of a 55 ms flush on SQLite, some 470 times per database a run.
+    No test reads them but those that give a user a permission, which make them first
+    (``harness.app_permissions``); the admin makes a content type when it needs one, once
+    the cache of those the flush deleted is cleared, as the signal's receiver would have.
+    Nothing of ours listens to ``post_migrate``: the suite's tables are what the flush leaves."""
+    from django.contrib.contenttypes.models import ContentType
+    from django.core.management.commands import flush
+
+    def forget_content_types(*args: object, **kwargs: object) -> None:
+        ContentType.objects.clear_cache()
+
+    emit = flush.emit_post_migrate_signal
+    flush.emit_post_migrate_signal = forget_content_types
+    yield
+    flush.emit_post_migrate_signal = emit
+
+
 @pytest.fixture(autouse=True)
 def fast_password_hashing(settings):
     """Django's default hasher spends ~0.5 s per password by design; the admin tests
@@ -91,6 +112,7 @@ def viewer(db):
     from django.contrib.auth.models import Permission, User
     from django.test import Client
 
+    app_permissions()
     user = User.objects.create_user("viewer", password="pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_job"))
     client = Client()

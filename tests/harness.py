@@ -47,6 +47,19 @@ def database_url(alias: str = "default", port: int | None = None) -> str:
     return f"{scheme}://{auth}{host}{f':{port}' if port else ''}/{s['NAME']}"
 
 
+def app_permissions() -> None:
+    """Every installed app's content types and permissions, as ``migrate`` leaves them.
+
+    The suite's flushes skip the ``post_migrate`` signal that would make them again after
+    every ``transactional_db`` test (tests/conftest.py), so a test that reads a permission
+    makes them first (cheap when they exist: one read per app)."""
+    from django.apps import apps
+    from django.contrib.auth.management import create_permissions
+
+    for config in apps.get_app_configs():
+        create_permissions(config, verbosity=0)
+
+
 def wait_until(
     predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = ""
 ) -> Any:

@@ -45,7 +45,7 @@ from tests.factories import (
     ProcessFactory,
     ReadyExecutionFactory,
 )
-from tests.harness import error_paths, job_row, wait_until
+from tests.harness import app_permissions, error_paths, job_row, wait_until
 
 if os.environ.get("CI"):
     from playwright import sync_api as playwright  # CI must run these, never skip them
@@ -106,6 +106,7 @@ def page(browser, live_server, request) -> Iterator:
 def log_in(page, username: str, *, view_only: bool = False, path: str = "/admin/") -> None:
     user = User.objects.create_user(username, password=PASSWORD, is_staff=True)
     if view_only:
+        app_permissions()
         user.user_permissions.add(Permission.objects.get(codename="view_job"))
     else:
         user.is_superuser = True

@@ -36,6 +36,7 @@ from tests.factories import (  # noqa: E402
     ScheduledExecutionFactory,
     SemaphoreFactory,
 )
+from tests.harness import app_permissions  # noqa: E402
 
 URL = "/jobs/metrics"
 TOKEN = "scrape-token-for-tests"
@@ -339,6 +340,7 @@ def test_a_database_error_answers_503_not_a_page(monkeypatch):
 def staff_client(*, perms: tuple[str, ...] = (), staff: bool = True) -> Client:
     from django.contrib.auth.models import Permission, User
 
+    app_permissions()
     user = User.objects.create_user(f"user-{len(perms)}-{staff}", password="pw", is_staff=staff)
     user.user_permissions.add(*Permission.objects.filter(codename__in=perms))
     client = Client()
