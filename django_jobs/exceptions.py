@@ -13,6 +13,13 @@ class TaskNotFound(Exception):
     """A job's task path no longer imports, or names something that is not a Task."""
 
 
+class UnreadableJob(Exception):
+    """A job's stored arguments (or other input) are JSON that Python cannot read back: an
+    integer of more than 4,300 digits, nesting past the recursion limit, text that is not
+    JSON. Only a row written by something other than an enqueue holds such a value; the job
+    fails for good, its body never run (``db/json_values.py``)."""
+
+
 class ProcessDied(Exception):
     """Recorded as a job's error when the process running it stopped heartbeating or exited."""
 

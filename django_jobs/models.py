@@ -14,6 +14,7 @@ from django.tasks import TaskResultStatus
 from django.utils import timezone
 
 from django_jobs.db.indexes import FlagIndex, NotNullIndex, NotNullUniqueConstraint, PostgresIndex
+from django_jobs.db.json_values import TolerantJSONField
 from django_jobs.db.lookups import exact_prefixes
 
 
@@ -144,8 +145,8 @@ class Job(models.Model):
     task_path = models.CharField(max_length=255)
     queue_name = models.CharField(max_length=128)
     priority = models.SmallIntegerField(default=0)
-    args = models.JSONField(default=list)
-    kwargs = models.JSONField(default=dict)
+    args = TolerantJSONField(default=list)
+    kwargs = TolerantJSONField(default=dict)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.READY)
     # An ``async def`` task's job: it runs on a worker's event loop, and a claim for room
     # on the loop alone takes only these (core/lanes.py). The database's default too: SQL
@@ -165,9 +166,9 @@ class Job(models.Model):
     # asked to stop; read by its worker (and by recovery, if that worker dies).
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     max_attempts = models.PositiveIntegerField(default=1)
-    backoff = models.JSONField(null=True, blank=True)
-    worker_ids = models.JSONField(default=list)
-    return_value = models.JSONField(null=True, blank=True)
+    backoff = TolerantJSONField(null=True, blank=True)
+    worker_ids = TolerantJSONField(default=list)
+    return_value = TolerantJSONField(null=True, blank=True)
 
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)
     concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
@@ -229,7 +230,7 @@ class Job(models.Model):
     # Sentry's ``sentry-trace``, ``baggage``), so the run continues the enqueuing request's
     # trace. NULL without OpenTelemetry or a tracing hook such as
     # ``django_jobs.contrib.sentry`` (``django_jobs.observability.tracing``).
-    trace_context = models.JSONField(null=True, blank=True)
+    trace_context = TolerantJSONField(null=True, blank=True)
 
     class Meta:
         indexes = [

@@ -454,3 +454,91 @@ def test_any_backoff_in_a_row_ends_in_a_defined_state(run_jobs_once, backoff):
     if scheduled is not None:
         assert scheduled.scheduled_at <= timezone.now() + timedelta(days=100 * 366)
     assert_runtime_healthy(worker)
+
+
+# --- rows Python cannot read back -----------------------------------------------------------
+
+# JSON a database stores that Python's json refuses (db/json_values.py): an integer past
+# sys.int_max_str_digits (4,300) everywhere, arrays nested past Python's recursion limit on
+# PostgreSQL (SQLite's JSON_VALID check refuses nesting past 1,000, MariaDB's past 32). Text
+# that is not JSON at all, every database's check refuses.
+UNREADABLE = {
+    "huge_int": "[" + "9" * 5000 + "]",
+    "deep": "[" * 5000 + "]" * 5000,
+}
+
+
+def write_json_text(job_id: int, column: str, text: str) -> None:
+    """Write ``text`` as it is into ``column`` of a job's row, as a script or a hand would."""
+    table = Job._meta.db_table
+    value = "CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {column} = {value} WHERE id = %s", [text, job_id])
+
+
+def writable(kind: str) -> bool:
+    return kind != "deep" or connection.vendor == "postgresql"
+
+
+@pytest.mark.parametrize("column", ["args", "kwargs"])
+@pytest.mark.parametrize("kind", sorted(UNREADABLE))
+def test_arguments_python_cannot_read_fail_their_job_and_the_queue_goes_on(run_jobs, column, kind):
+    """The finding: one job whose arguments held a 5,000-digit integer stopped its queue.
+    Every claim that read its row raised (SQLite, MariaDB: rolled back; PostgreSQL: after
+    the claim committed), the worker backed off and claimed it again, forever: in 25 s not
+    one job ran, not even the one enqueued before it. Now the row reads, the job fails for
+    good naming the column, and the jobs around it run."""
+    if not writable(kind):
+        pytest.skip(f"{connection.vendor} refuses this JSON itself")
+    before = hostile.canary.enqueue()
+    poisoned = hostile.canary.enqueue()
+    after = hostile.canary.enqueue()
+    text = UNREADABLE[kind]
+    if column == "kwargs":
+        text = '{"x": ' + text + "}"
+    write_json_text(int(poisoned.id), column, text)
+    worker = run_jobs(*WORKER)
+    ids = [int(before.id), int(poisoned.id), int(after.id)]
+
+    def all_ended() -> dict[int, tuple[str, int]] | None:
+        # Read without the JSON columns: the test's own reads must not be what fails.
+        rows = Job.objects.filter(pk__in=ids).values_list("pk", "status", "attempts")
+        found = {pk: (status, attempts) for pk, status, attempts in rows}
+        return found if all(status in TERMINAL for status, _ in found.values()) else None
+
+    ended = wait_until(all_ended, 30, what="the three jobs to end")
+    assert ended[int(before.id)][0] == JobStatus.SUCCEEDED
+    assert ended[int(after.id)][0] == JobStatus.SUCCEEDED
+    assert ended[int(poisoned.id)][0] == JobStatus.FAILED
+    failure = last_failure(int(poisoned.id))
+    assert failure.exception_class_path == "django_jobs.exceptions.UnreadableJob"
+    assert f"its {column} cannot be read" in failure.message, failure.message
+    # Failed for good, its body never run: no attempt counted, no retry waiting.
+    assert ended[int(poisoned.id)][1] == 0
+    assert FailedExecution.objects.filter(job_id=poisoned.id).count() == 1
+    assert not ScheduledExecution.objects.filter(job_id=poisoned.id).exists()
+    assert_runtime_healthy(worker)
+
+
+@pytest.mark.parametrize("column", ["worker_ids", "trace_context", "backoff"])
+def test_other_columns_python_cannot_read_cost_their_job_nothing(run_jobs, column):
+    """A job's own bookkeeping (its workers, its trace, its backoff) unreadable in its row:
+    the job still runs as if the column were empty (a backoff of no known form takes the
+    default, as any other does)."""
+    result = hostile.canary.enqueue()
+    write_json_text(int(result.id), column, UNREADABLE["huge_int"])
+    worker = run_jobs(*WORKER)
+    job = settled([int(result.id)])[int(result.id)]
+    assert (job.status, job.return_value) == (JobStatus.SUCCEEDED, "alive")
+    assert_runtime_healthy(worker)
+
+
+def test_a_job_whose_arguments_cannot_be_read_has_a_page_in_the_admin(admin_client):
+    """The admin shows such a job's stored text and why it cannot be read, not a 500."""
+    result = hostile.canary.enqueue()
+    write_json_text(int(result.id), "args", UNREADABLE["huge_int"])
+    job = Job.objects.get(pk=result.id)
+    assert str(job.args.reason).startswith("Exceeds the limit (4300 digits)"), job.args
+    response = admin_client.get(f"/admin/django_jobs/job/{result.id}/change/")
+    assert response.status_code == 200
+    assert b"cannot be read: Exceeds the limit" in response.content

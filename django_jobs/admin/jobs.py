@@ -52,6 +52,7 @@ from django_jobs.core.operator import (
     cancel_job,
 )
 from django_jobs.core.progress import Progress, amount, from_row
+from django_jobs.db.json_values import Unreadable
 from django_jobs.exceptions import JobAlreadyFinished, JobNotFound
 from django_jobs.models import (
     FINISHED_STATUSES,
@@ -92,6 +93,8 @@ def shortened(text: str, limit: int) -> str:
 
 
 def as_json(value: Any) -> str:
+    if isinstance(value, Unreadable):  # a hand-written row's text, shown as stored
+        return shortened(f"(cannot be read: {value.reason})\n{value.text}", JSON_SHOWN)
     return shortened(json.dumps(value, indent=2, ensure_ascii=False), JSON_SHOWN)
 
 

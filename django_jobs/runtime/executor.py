@@ -20,8 +20,15 @@ from django_jobs.core.current_job import current_control
 from django_jobs.core.progress import flush_progress
 from django_jobs.core.rows import ErrorInfo
 from django_jobs.core.starting import start_jobs
+from django_jobs.db.json_values import Unreadable
 from django_jobs.db.retry import reset_connection
-from django_jobs.exceptions import JobInterrupted, ResultNotStored, Snooze, TaskNotFound
+from django_jobs.exceptions import (
+    JobInterrupted,
+    ResultNotStored,
+    Snooze,
+    TaskNotFound,
+    UnreadableJob,
+)
 from django_jobs.models import Job, JobStatus
 from django_jobs.observability.tracing import execution_scope, mark_not_run, traced_execution
 from django_jobs.runtime.completer import write_isolated
@@ -231,6 +238,10 @@ def begin_attempt(job: Job, ctx: ExecutionContext, *, started: bool = False) -> 
     """Everything before a claimed job's body: its task loaded, the job started (unless
     the claim did it), ``task_started`` sent, the watchdog watching; None when it must not
     run (its task cannot be imported: failed; a stop began or its claim was lost)."""
+    unreadable = unreadable_input(job)
+    if unreadable is not None:
+        fail_unloadable(job, ctx, unreadable, started=started)
+        return None
     try:
         task = load_task(job.task_path)
     except TaskNotFound as exc:
@@ -263,10 +274,23 @@ def run_claimed_job(job: Job, ctx: ExecutionContext, *, started: bool = False) -
     attempt.succeed(ctx, value)
 
 
+def unreadable_input(job: Job) -> UnreadableJob | None:
+    """Why ``job`` cannot run on what its row holds, or None: arguments whose JSON Python
+    could not decode (``db/json_values.py``); retrying would read the same text again. (An
+    unreadable backoff is a backoff of no known form: ``retry_delay`` logs it and uses the
+    default, as for any other.)"""
+    for name in ("args", "kwargs"):
+        value = getattr(job, name)
+        if isinstance(value, Unreadable):
+            return UnreadableJob(f"job {job.pk}: its {name} cannot be read ({value.reason})")
+    return None
+
+
 def fail_unloadable(
-    job: Job, ctx: ExecutionContext, exc: TaskNotFound, *, started: bool = False
+    job: Job, ctx: ExecutionContext, exc: TaskNotFound | UnreadableJob, *, started: bool = False
 ) -> None:
-    """A job whose task cannot be imported fails for good, its body never run.
+    """A job whose task cannot be imported, or whose input cannot be read, fails for good,
+    its body never run.
 
     ``started``: its claim counted the attempt, which the failure takes back.
     """

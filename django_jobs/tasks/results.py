@@ -95,7 +95,7 @@ def build_result(
             TaskError(exception_class_path=f.exception_class_path, traceback=f.traceback)
             for f in sorted(failures, key=lambda f: (f.attempt, f.pk))
         ],
-        worker_ids=list(job.worker_ids),
+        worker_ids=list(job.worker_ids or []),  # an unreadable column reads as none
     )
     object.__setattr__(result, "_return_value", job.return_value)
     return result
