@@ -7,12 +7,10 @@ The options a path needs (a key, retries, a delay) are given with ``.using(...)`
 
 from __future__ import annotations
 
-import os
-import time
-
 from django.tasks import task
 
 from django_jobs import task as jobs_task
+from tests.progress_tasks import wait_for
 
 
 @jobs_task
@@ -42,11 +40,7 @@ CALLBACK = {False: sync_callback, True: async_callback}
 
 @jobs_task
 def sync_hold(gate: str, most: float = 60.0) -> bool:
-    """Hold a thread until the file ``gate`` exists (at most ``most`` seconds): True if it
-    was released, False if it gave up."""
-    deadline = time.monotonic() + most
-    while time.monotonic() < deadline:
-        if os.path.exists(gate):
-            return True
-        time.sleep(0.02)
-    return False
+    """Hold a thread until the file ``gate`` exists: True once released; a job that waited
+    ``most`` seconds fails (``progress_tasks.wait_for``'s TimeoutError)."""
+    wait_for(gate, most)
+    return True
