@@ -16,7 +16,7 @@ from django.db import connections
 from django.tasks import Task
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 
-from django_jobs.conf import SETTINGS_NAME, JobsSettings, did_you_mean
+from django_jobs.conf import SETTINGS_NAME, JobsSettings, did_you_mean, fair_queues_problem
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.recurring import ENTRY_KEYS, KEY_MAX_LENGTH, default_time_zone
 from django_jobs.db import features
@@ -70,6 +70,7 @@ def settings_checks() -> list[Any]:
     errors.extend(listen_notify_checks(conf))
     errors.extend(rate_limit_checks(conf))
     errors.extend(queue_checks(conf))
+    errors.extend(fair_queue_checks(conf))
     errors.extend(recurring_checks(conf))
     return errors
 
@@ -105,6 +106,35 @@ def queue_checks(conf: JobsSettings) -> list[Any]:
                 )
             )
     return errors
+
+
+def fair_queue_checks(conf: JobsSettings) -> list[Any]:
+    """``fair_queues``: a list of exact queue names, each one the backends declare.
+
+    A value the enqueue cannot read makes no queue fair (``conf.fair_queue_names``), and
+    a name no backend declares makes no queue fair either: every job given a ``fair_key``
+    would be refused at enqueue, far from the typo. One error for a malformed value; one
+    per unknown name, with the likely one.
+    """
+    problem = fair_queues_problem(conf.fair_queues)
+    if problem is not None:
+        return [
+            Error(
+                f"{problem}.",
+                hint="e.g. ['tenant-reports']: the queues whose jobs take turns by fair_key.",
+                id="django_jobs.E025",
+            )
+        ]
+    declared = declared_queues(conf.database)
+    return [
+        Error(
+            f"DJANGO_JOBS['fair_queues'] names {queue!r}, which is not in QUEUES.",
+            hint=did_you_mean(queue, declared) or known_queues(conf.database),
+            id="django_jobs.E025",
+        )
+        for queue in conf.fair_queues
+        if declared and queue not in declared
+    ]
 
 
 def declared_queues(db: str) -> set[str] | None:

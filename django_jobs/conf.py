@@ -16,6 +16,8 @@ from django.conf import settings
 from django_jobs.text import safe_repr
 
 SETTINGS_NAME = "DJANGO_JOBS"
+# Characters of a queue's name: the size of the jobs' ``queue_name`` column.
+QUEUE_NAME_MAX_LENGTH = 128
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,10 @@ class JobsSettings:
     max_error_size: int = 64 * 1024
     # key -> {"task": dotted path, "schedule": cron or interval, ...}; see docs/recurring.md.
     recurring: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Queues whose ready jobs take turns by their ``fair_key`` (a tenant, say) instead of by
+    # age: exact names, no patterns (docs/fairness.md). A job of any other queue that gives
+    # a fair key is refused at enqueue.
+    fair_queues: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, **overrides: Any) -> JobsSettings:
@@ -104,6 +110,9 @@ class JobsSettings:
         values = {k: v for k, v in raw.items() if k in known}
         if "queues" in values:
             values["queues"] = parse_queue_list(values["queues"])
+        if isinstance(values.get("fair_queues"), list):
+            # As written, else: check E025 names a value that is no list of names.
+            values["fair_queues"] = tuple(values["fair_queues"])
         base = cls(**values)
         clean = {k: v for k, v in overrides.items() if v is not None}
         if "queues" in clean:
@@ -134,6 +143,43 @@ def parse_queue_list(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...
         )
     queues = tuple(q.strip() for q in value if q and q.strip())
     return queues or ("*",)
+
+
+def fair_queues_problem(value: Any) -> str | None:
+    """Why ``value`` is no ``fair_queues`` setting, or None: a list or tuple of exact queue
+    names, each a non-empty string of at most ``QUEUE_NAME_MAX_LENGTH`` characters.
+
+    A comma-separated string is refused, unlike for ``queues``: ``"tenant-jobs"`` would
+    not be read letter by letter, but one typo there (a space, a missing comma) would make
+    a queue quietly unfair. A ``*`` is refused too: the queues a pattern matched would
+    change with ``QUEUES``, and a queue's fairness with them.
+    """
+    where = f"{SETTINGS_NAME}['fair_queues']"
+    if not isinstance(value, list | tuple):
+        return f"{where} must be a list of queue names, not {safe_repr(value, 60)}"
+    for name in value:
+        if not isinstance(name, str) or not name.strip():
+            return f"{where} must hold queue names (non-empty strings), not {safe_repr(name, 60)}"
+        if "*" in name:
+            return (
+                f"{where} names queues exactly, without patterns: {safe_repr(name, 60)} has a '*'"
+            )
+        if len(name) > QUEUE_NAME_MAX_LENGTH:
+            return (
+                f"{where} names {safe_repr(name, 60)}, which is longer than "
+                f"{QUEUE_NAME_MAX_LENGTH} characters (no queue's name is)"
+            )
+    return None
+
+
+def fair_queue_names() -> frozenset[str]:
+    """The queues of ``DJANGO_JOBS["fair_queues"]``, read without building the rest of the
+    settings (every enqueue reads them). Empty where the value is no list of names: check
+    E025 says so, and until it is fixed no queue is fair."""
+    value = raw_setting("fair_queues")
+    if not value or fair_queues_problem(value) is not None:
+        return frozenset()
+    return frozenset(value)
 
 
 def jobs_settings(**overrides: Any) -> JobsSettings:

@@ -24,6 +24,10 @@ MAX_ATTEMPTS = 1_000_000
 # ``async def`` jobs one worker process runs at once (the ``async_jobs`` setting): each
 # waiting one costs a few KB; past this, a process that large is a mistake.
 MAX_ASYNC_JOBS = 100_000
+# A fair group's weight (core/fairness.py): its jobs' turns are 65,536 / weight apart, from
+# 6,553,600 down to 655, so that a backlog of a billion jobs stays within the turn's 64 bits.
+MIN_FAIR_WEIGHT = 0.01
+MAX_FAIR_WEIGHT = 100.0
 # The largest id a row can have (a signed 64-bit integer on every backend). SQLite refuses a
 # larger integer in a query with OverflowError, so neither the admin nor a command passes one
 # to the database.

@@ -187,6 +187,12 @@ class Job(models.Model):
     # waits, cleared when it starts.
     rate_reserved_at = models.DateTimeField(null=True, blank=True)
 
+    # The job's group among its queue's ready jobs (docs/fairness.md): its resolved
+    # ``fair_key`` in a queue of ``DJANGO_JOBS["fair_queues"]`` ('' for a job of no key,
+    # the group of those), NULL in any other queue; and its weight (NULL: 1).
+    fair_key = models.CharField(max_length=255, null=True, blank=True)
+    fair_weight = models.FloatField(null=True, blank=True)
+
     # The resolved ``unique_key`` of a unique task, kept for the record.
     unique_key = models.CharField(max_length=255, null=True, blank=True)
     # The same key while the job is covered (see ``unique_until``), NULL after: the unique
@@ -296,17 +302,24 @@ class ReadyExecution(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     # The job's ``is_async``: what a claim for one lane filters on.
     is_async = models.BooleanField(default=False, db_default=False)
+    # Its place in claim order among the ready rows of its priority (claims take priority
+    # descending, then turn, then id): the job's id times ``core.fairness.TURN_SCALE`` in a
+    # queue that is not fair, so that the order is the ids' as before; in a fair queue the
+    # virtual start time its group's stamp gave it (core/fairness.py).
+    turn = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         indexes = [
-            models.Index(fields=["queue_name", "-priority", "job"], name="jobs_ready_poll"),
+            models.Index(fields=["queue_name", "-priority", "turn", "job"], name="jobs_ready_poll"),
             # The claim order of a worker serving "*": no queue to narrow by.
-            models.Index(fields=["-priority", "job"], name="jobs_ready_order"),
+            models.Index(fields=["-priority", "turn", "job"], name="jobs_ready_order"),
             NotNullIndex(fields=["concurrency_key"], name="jobs_ready_keyed"),
             # The claim of a worker with room on its event loop only: the async rows on
             # PostgreSQL and SQLite; on MySQL/MariaDB every row, led by is_async, which
             # serves the claim of either lane (see FlagIndex).
-            FlagIndex(fields=["-priority", "job"], name="jobs_ready_async", flag="is_async"),
+            FlagIndex(
+                fields=["-priority", "turn", "job"], name="jobs_ready_async", flag="is_async"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -537,6 +550,31 @@ class Semaphore(models.Model):
         return f"{self.key} ({self.value}/{self.limit} free)"
 
 
+class FairTurn(models.Model):
+    """The stamp of one fair group (a queue, a priority, a fair key): the turn its
+    newest ready job was given. Locked (``select_for_update``) by every write that makes a
+    job of the group ready, so that two transactions never give two of its jobs the same
+    turn (core/fairness.py). A row whose ``last_turn`` is NULL or absurd (edited by hand)
+    is read as none, with a warning, and written again."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue_name = models.CharField(max_length=128)
+    priority = models.SmallIntegerField(default=0)
+    fair_key = models.CharField(max_length=255, blank=True)
+    last_turn = models.BigIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue_name", "priority", "fair_key"], name="jobs_fair_turn_group"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name}/{self.priority}/{self.fair_key!r} at {self.last_turn}"
+
+
 class RateLimit(models.Model):
     """The lock row of one rate-limited key, with its recent starts and its plan.
 
@@ -670,6 +708,7 @@ exact_prefixes(
             QueueLock,
             Pause,
             RecurringTask,
+            FairTurn,
         )
     )
 )

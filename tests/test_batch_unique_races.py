@@ -197,8 +197,8 @@ def test_a_discard_at_promotion_counts_its_batch_after_every_semaphore(monkeypat
 def test_unprotected_counting_a_discard_per_key_deadlocks(monkeypatch, worker):
     original = admission.admit_to_key
 
-    def count_per_key(db, key, jobs):
-        batches.count_failed(db, original(db, key, jobs))
+    def count_per_key(db, key, jobs, admitted):
+        batches.count_failed(db, original(db, key, jobs, admitted))
         return []
 
     monkeypatch.setattr(admission, "admit_to_key", count_per_key)

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from django_jobs import bulk_enqueue, enqueue_batch, workflow
 from django_jobs.core.claimed import fail_job, finish_job, release_job, snooze_job
+from django_jobs.core.fairness import fifo_turn
 from django_jobs.core.lanes import Lane
 from django_jobs.core.operator import retry_failed_job, run_blocked_now
 from django_jobs.core.processes import register_process
@@ -325,7 +326,11 @@ def plant(queue: str, priority: int, is_async: bool) -> int:
         is_async=is_async,
     )
     ReadyExecution.objects.create(
-        job_id=job.pk, queue_name=queue, priority=priority, is_async=is_async
+        job_id=job.pk,
+        queue_name=queue,
+        priority=priority,
+        is_async=is_async,
+        turn=fifo_turn(job.pk),
     )
     return job.pk
 
@@ -489,7 +494,13 @@ def plant_many(queue: str, count: int, is_async: bool, priority: int = 0) -> Non
     )
     ReadyExecution.objects.bulk_create(
         [
-            ReadyExecution(job_id=job.pk, queue_name=queue, priority=priority, is_async=is_async)
+            ReadyExecution(
+                job_id=job.pk,
+                queue_name=queue,
+                priority=priority,
+                is_async=is_async,
+                turn=fifo_turn(job.pk),
+            )
             for job in jobs
         ],
         batch_size=2000,
@@ -737,8 +748,9 @@ def test_migration_0022_goes_back_and_forth_and_the_jobs_before_it_are_sync(work
     planted: list[int] = []
     try:
         call_command("migrate", "django_jobs", BEFORE_LANES, verbosity=0)
-        assert columns_of(Job) == job_columns - {"is_async"}
-        assert columns_of(ReadyExecution) == ready_columns - {"is_async"}
+        # 0024's columns (fair queues) are gone too.
+        assert columns_of(Job) == job_columns - {"is_async", "fair_key", "fair_weight"}
+        assert columns_of(ReadyExecution) == ready_columns - {"is_async", "turn"}
         assert "jobs_ready_async" not in ready_indexes()
         old = MigrationLoader(connection).project_state(("django_jobs", BEFORE_LANES)).apps
         old_job, old_ready = (
@@ -943,6 +955,6 @@ def test_the_lane_index_holds_the_async_rows_or_leads_with_the_flag():
 
     sql = index_sql("jobs_ready_async")
     if connection.features.supports_partial_indexes:
-        assert re.search(r"priority DESC, job_id WHERE is_async( = 1)?$", sql), sql
+        assert re.search(r"priority DESC, turn, job_id WHERE is_async( = 1)?$", sql), sql
     else:
-        assert sql == "is_async,priority,job_id", sql
+        assert sql == "is_async,priority,turn,job_id", sql

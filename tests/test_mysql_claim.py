@@ -56,8 +56,9 @@ unique_until_start = jobs_task(tasks.add.func, unique_key="u:{a}", unique_until=
 
 def migration():
     """The claim procedure as the latest migration that creates it does (0014's, with 0023's
-    lock of the process row): a test that drops or rebuilds it puts back that one."""
-    return import_module("django_jobs.migrations.0023_claims_lock_their_process_row")
+    lock of the process row and 0024's order by turn): a test that drops or rebuilds it puts
+    back that one."""
+    return import_module("django_jobs.migrations.0024_fair_turns")
 
 
 @pytest.fixture

@@ -95,8 +95,10 @@ def test_every_queue_name_field_has_both_fixes():
         for field in model._meta.concrete_fields
         if field.name == "queue_name"
     ]
+    fair_turns = import_module("django_jobs.migrations.0024_fair_turns")  # a later table's
+    binary = {**queue_columns.QUEUE_COLUMNS, **fair_turns.FAIR_TURN_COLUMNS}
     assert {field.model.__name__ for field in fields} == {
-        model for model, names in queue_columns.QUEUE_COLUMNS.items() if "queue_name" in names
+        model for model, names in binary.items() if "queue_name" in names
     }
     assert all(field.get_lookup("startswith") is ExactStartsWith for field in fields)
 
@@ -116,6 +118,10 @@ def test_every_queue_column_has_the_key_columns_binary_collation():
             apps, editor
         )
     }
+    # 0024's: the fair groups' table, and the job's fair key (added binary).
+    binary_keys = import_module("django_jobs.migrations.0016_mysql_binary_keys")
+    fair = {"FairTurn": ("queue_name", "fair_key"), "Job": ("fair_key",)}
+    found |= {collation for *_, collation in binary_keys.columns(apps, editor, fair)}
     assert len(found) == 1
     (collation,) = found
     assert collation.endswith("_bin")

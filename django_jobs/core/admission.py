@@ -45,11 +45,14 @@ def admit_jobs(db: str, jobs: Iterable[Job]) -> None:
             by_key[job.concurrency_key].append(job)
         else:
             keyless.append(job)
-    if keyless:
-        make_ready(db, keyless)
     discarded: list[Job] = []
+    admitted: list[Job] = []
     for key in sorted(by_key):
-        discarded += admit_to_key(db, key, by_key[key])
+        discarded += admit_to_key(db, key, by_key[key], admitted)
+    # After every semaphore: a fair group's stamp is the last lock a transaction takes
+    # (core/fairness.py, docs/design.md section 4).
+    if keyless or admitted:
+        make_ready(db, keyless + admitted)
     # A discarded job is terminal: what waits for it meets its policy, and its batch
     # counts it as failed; both after every semaphore (lock order), once all keys are done.
     if discarded:
@@ -82,8 +85,9 @@ def lock_existing_semaphore(db: str, key: str) -> Semaphore | None:
     return Semaphore.objects.using(db).select_for_update().filter(key=key).first()
 
 
-def admit_to_key(db: str, key: str, jobs: list[Job]) -> list[Job]:
-    """Admit ``jobs`` of ``key`` as far as its free slots go; return the ones discarded."""
+def admit_to_key(db: str, key: str, jobs: list[Job], admitted: list[Job]) -> list[Job]:
+    """Admit ``jobs`` of ``key`` as far as its free slots go, into ``admitted`` (for the
+    caller to make ready once every key's semaphore is locked); return the ones discarded."""
     limit = max(job.concurrency_limit or 1 for job in jobs)
     semaphore = lock_semaphore(db, key, limit)
     if semaphore.limit != limit:
@@ -97,12 +101,11 @@ def admit_to_key(db: str, key: str, jobs: list[Job]) -> list[Job]:
             promote_blocked(db, semaphore)
     jobs = sorted(jobs, key=lambda j: (-j.priority, j.pk))
     free = max(0, semaphore.value)
-    admitted, rest = jobs[:free], jobs[free:]
-    semaphore.value -= len(admitted)
+    admitted += jobs[:free]
+    rest = jobs[free:]
+    semaphore.value -= len(jobs) - len(rest)
     semaphore.updated_at = timezone.now()
     semaphore.save(using=db, update_fields=["limit", "value", "updated_at"])
-    if admitted:
-        make_ready(db, admitted)
     discarded = [job for job in rest if job.on_conflict == "discard"]
     blocked = [job for job in rest if job.on_conflict != "discard"]
     if discarded:
@@ -223,14 +226,16 @@ def promote_blocked_by_key(db: str, semaphores: list[Semaphore]) -> int:
                 concurrency_key=key,
                 status=JobStatus.BLOCKED,
                 is_async=is_async,
+                fair_key=fair_key,
+                fair_weight=fair_weight,
             )
-            for job_id, queue_name, priority, key, position, is_async in rows
+            for job_id, queue_name, priority, key, position, is_async, fair_key, fair_weight in rows
             if position <= free[key]
         ]
         if promoted:
             promoted.sort(key=lambda job: job.pk)
             ops(db).delete_executions(db, BlockedExecution, [job.pk for job in promoted])
-            make_ready(db, promoted)
+            make_ready(db, promoted, at_head=True)
             per_key: dict[str, int] = defaultdict(int)
             for job in promoted:
                 per_key[job.concurrency_key or ""] += 1

@@ -246,6 +246,8 @@ RELEASE_FIELDS = (
     "priority",
     "concurrency_key",
     "is_async",
+    "fair_key",
+    "fair_weight",
     "run_after",
     "workflow_id",
     "batch_id",

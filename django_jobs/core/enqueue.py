@@ -26,6 +26,7 @@ from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
+from django_jobs.conf import fair_queue_names, fair_queues_problem, raw_setting
 from django_jobs.core.admission import admit_jobs
 from django_jobs.core.dependency_graph import Graph, check_databases, graph_of, write_graph
 from django_jobs.core.uniqueness import insert_unique, retry_after, unique_in_key_order
@@ -52,7 +53,10 @@ BULK_BATCH_SIZE = 1000
 
 # The strings of a job made from its call (a key filled from the arguments can be any
 # length); each is checked against its column's size.
-BOUNDED_STRINGS = ("queue_name", "concurrency_key", "unique_key", "rate_key")
+BOUNDED_STRINGS = ("queue_name", "concurrency_key", "unique_key", "rate_key", "fair_key")
+# Whether a task's queue is one of ``DJANGO_JOBS["fair_queues"]``: kept beside its options,
+# so read once per task of a bulk enqueue.
+IN_FAIR_QUEUE = "in fair queue"
 
 
 class EnqueuingBackend(Protocol):
@@ -200,11 +204,15 @@ def backend_databases(graph: Graph) -> dict[str, str]:
 
 def plain_ready_jobs(prepared: list[tuple[Job, Task]]) -> list[Job]:
     """The jobs ready at once with nothing to lock or check (no key, not unique, not
-    deferred): a database that can inserts them with their ready rows in one statement."""
+    deferred, of no fair queue): a database that can inserts them with their ready rows in
+    one statement."""
     return [
         job
         for job, _ in prepared
-        if job.status == JobStatus.READY and not job.concurrency_key and job.unique_lock is None
+        if job.status == JobStatus.READY
+        and not job.concurrency_key
+        and job.unique_lock is None
+        and job.fair_key is None
     ]
 
 
@@ -271,12 +279,33 @@ def prepare_job(
     # Every call is bound, keyed or not: one the function would refuse fails
     # here, naming the argument, not in a worker later.
     arguments = bound_arguments(task, json_args, json_kwargs)
-    key = unique = rate = lease = None
+    fair_queue = options.get(IN_FAIR_QUEUE)
+    if fair_queue is None:
+        # ``options`` is what ``checked`` keeps for the task: the setting is read once per
+        # task of a bulk enqueue (once per call without ``checked``).
+        fair_queue = options[IN_FAIR_QUEUE] = task.queue_name in fair_queue_names()
+    key = unique = rate = lease = fair_key = fair_weight = None
     if isinstance(task, JobTask):
         key = task.resolve_concurrency_key(json_args, json_kwargs, arguments)
         unique = task.resolve_unique_key(json_args, json_kwargs, arguments)
         rate = task.resolve_rate(json_args, json_kwargs, arguments)
         lease = task.lease_seconds if key else None
+        if fair_queue:
+            fair_key = task.resolve_fair_key(json_args, json_kwargs, arguments)
+            weight = options["fair_weight"]
+            fair_weight = None if weight is None else float(weight)
+        elif options["fair_key"] is not None or options["fair_weight"] is not None:
+            # A group no claim would read: refused, not dropped (docs/fairness.md).
+            given = [name for name in ("fair_key", "fair_weight") if options[name] is not None]
+            unread = fair_queues_problem(raw_setting("fair_queues") or ())
+            raise InvalidTask(
+                f"{task.module_path} gives {' and '.join(given)} for queue "
+                f"{task.queue_name!r}, which is not fair: add it to "
+                "DJANGO_JOBS['fair_queues']"
+                + (f" ({unread}: check django_jobs.E025)" if unread else "")
+            )
+    if fair_queue and fair_key is None:
+        fair_key = ""  # the group of the queue's jobs of no key
     key, limit = batch_concurrency(task, batch, key, options["concurrency_limit"], unique)
     now = timezone.now()
     future = task.run_after is not None and task.run_after > now
@@ -304,6 +333,8 @@ def prepare_job(
         unique_key=unique,
         unique_lock=unique,
         unique_until=options["unique_until"] if unique else None,
+        fair_key=fair_key,
+        fair_weight=fair_weight,
         batch_id=None if batch is None else batch.pk,
     )
     if batch is not None:

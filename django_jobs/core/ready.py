@@ -14,12 +14,14 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from functools import lru_cache
+from itertools import pairwise
 from typing import cast
 
 from django.db import connections, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
+from django_jobs.core.fairness import ready_turns
 from django_jobs.core.lanes import Lane
 from django_jobs.core.queues import QueueSelector
 from django_jobs.db import features, ops
@@ -37,11 +39,14 @@ from django_jobs.models import (
 )
 
 
-def make_ready(db: str, jobs: list[Job]) -> None:
+def make_ready(db: str, jobs: list[Job], at_head: bool = False) -> None:
     """Write the ready rows of ``jobs``: the one place a job becomes claimable (admission
     decides whether it may, under its key's semaphore; batch callbacks without a key are
-    ready at once). Idle workers of their queues are woken after the commit."""
+    ready at once). Idle workers of their queues are woken after the commit. ``at_head``:
+    see ``core.fairness.ready_turns``."""
     now = timezone.now()
+    # Last of the transaction's locks, where a fair group's stamp is taken (core/fairness.py).
+    turns = ready_turns(db, jobs, at_head)
     ReadyExecution.objects.using(db).bulk_create(
         [
             ReadyExecution(
@@ -51,6 +56,7 @@ def make_ready(db: str, jobs: list[Job]) -> None:
                 concurrency_key=job.concurrency_key,
                 created_at=now,
                 is_async=job.is_async,
+                turn=turns[job.pk],
             )
             for job in jobs
         ]
@@ -157,7 +163,7 @@ def pick_ready(
 ) -> None:
     """Lock ready rows of the queues ``condition`` (one queue pattern's) matches and of
     ``kind`` (a lane's condition), up to ``limit`` in ``picked`` (``(job id, queue)``, in
-    claim order: priority, then age), skipping rows held by other claimers, paused queues
+    claim order: priority, turn, id), skipping rows held by other claimers, paused queues
     and capped queues with no ``room`` left.
 
     The two conditions are apart so that a lane's prefix claim keeps the candidates' path
@@ -171,19 +177,20 @@ def pick_ready(
     while len(picked) < limit:
         want = limit - len(picked)
         full = [queue for queue, left in room.items() if left <= 0]
-        order: tuple[str, ...] = ("-priority", "job_id")
+        order: tuple[str, ...] = ("-priority", "turn", "job_id")
         where, more = matching, False
-        found: list[tuple[int, int]] = []
+        found: list[tuple[int, int, int]] = []
         if names is not None:
             open_names = [name for name in names if name not in full]
             found = candidates(db, open_names, picked, want, rounds, kind)
-            where = Q(job_id__in=[job_id for _, job_id in found]) & kind
+            where = Q(job_id__in=[job_id for _, _, job_id in found]) & kind
             more = len(found) == CANDIDATES * want
-            if len({priority for priority, _ in found}) <= 1:
-                # One priority: claim order is id order, which the primary key reads
-                # without sorting, so the read stops (and stops locking) at the first
-                # free ``want`` of them and a competing claim gets the rest. A sort
-                # would read, and lock, every candidate.
+            if len({priority for priority, _, _ in found}) <= 1 and in_id_order(found):
+                # One priority, turns in id order (no fair queue among them): claim order
+                # is id order, which the primary key reads without sorting, so the read
+                # stops (and stops locking) at the first free ``want`` of them and a
+                # competing claim gets the rest. A sort would read, and lock, every
+                # candidate.
                 order = ("job_id",)
         if names is None and not full and not picked and isinstance(paused, QuerySet):
             # The claim of every batch of a worker with no caps: its SQL, built once.
@@ -356,11 +363,11 @@ def candidates(
     want: int,
     round_: int,
     kind: Q | None = None,
-) -> list[tuple[int, int]]:
+) -> list[tuple[int, int, int]]:
     """The next ``CANDIDATES * want`` ready jobs of ``names`` in claim order (priority,
     then age), skipping the rounds before; read without locks, so a claimer
     competing for the same ones makes the locking read skip them, not wait.
-    ``(priority, job id)`` pairs."""
+    ``(priority, turn, job id)``."""
     count = CANDIDATES * want
     taken = [job_id for job_id, _ in picked]
     parts = []
@@ -369,7 +376,7 @@ def candidates(
         if taken:
             rows = rows.exclude(job_id__in=taken)
         parts.append(
-            rows.order_by("-priority", "job_id").values_list("priority", "job_id")[
+            rows.order_by("-priority", "turn", "job_id").values_list("priority", "turn", "job_id")[
                 : count * (round_ + 1)
             ]
         )
@@ -377,8 +384,13 @@ def candidates(
         return []
     # One round trip: each queue's part an ordered read of its own index.
     found = list(parts[0].union(*parts[1:], all=True)) if len(parts) > 1 else list(parts[0])
-    found.sort(key=lambda row: (-row[0], row[1]))
+    found.sort(key=lambda row: (-row[0], row[1], row[2]))
     return found[count * round_ : count * (round_ + 1)]
+
+
+def in_id_order(found: list[tuple[int, int, int]]) -> bool:
+    """Whether the candidates' turns (in claim order) rise with their ids."""
+    return all(a[2] < b[2] for a, b in pairwise(found))
 
 
 def claim_in_one_statement(

@@ -555,17 +555,18 @@ class Operations:
 
     def blocked_in_order(
         self, db: str, keys: Sequence[str], most: int
-    ) -> list[tuple[int, str, int, str, int, bool]]:
+    ) -> list[tuple[int, str, int, str, int, bool, str | None, float | None]]:
         """Blocked in order: the first ``most`` blocked jobs of each of ``keys`` by priority,
-        then age, as ``(job id, queue, priority, key, position, is_async)``, position
-        counted from 1 within the key (``is_async`` read from the job's row, by its key)."""
+        then age, as ``(job id, queue, priority, key, position, is_async, fair key, fair
+        weight)``, position counted from 1 within the key (the last three read from the
+        job's row, by its key)."""
         if not keys:
             return []
         with connections[db].cursor() as cursor:
             cursor.execute(blocked_in_order_statement(db, len(keys)), [*keys, most])
             return [
-                (int(job_id), queue, int(priority), key, int(position), bool(is_async))
-                for job_id, queue, priority, key, position, is_async in cursor.fetchall()
+                (int(job_id), queue, int(priority), key, int(position), bool(is_async), fair, w)
+                for job_id, queue, priority, key, position, is_async, fair, w in cursor.fetchall()
             ]
 
     def finish_with_dependents(
@@ -722,7 +723,8 @@ def blocked_in_order_statement(db: str, count: int) -> str:
     marks = ", ".join(["%s"] * count)
     return (
         f"SELECT ranked_.job_id, ranked_.queue_name, ranked_.priority, "
-        f"ranked_.concurrency_key, ranked_.position_, job_.is_async FROM "
+        f"ranked_.concurrency_key, ranked_.position_, job_.is_async, job_.fair_key, "
+        f"job_.fair_weight FROM "
         f"(SELECT job_id, queue_name, priority, concurrency_key, ROW_NUMBER() OVER "
         f"(PARTITION BY concurrency_key ORDER BY priority DESC, job_id) AS position_ "
         f"FROM {quote(BlockedExecution._meta.db_table)} WHERE concurrency_key IN ({marks})) "

@@ -38,6 +38,9 @@ READY_COLUMNS = ("job_id", "queue_name", "priority", "concurrency_key", "created
 # Ready columns added since 0013, each written (from the job's parameter of the same name)
 # where the ready table being migrated has it: replaying 0013 creates what it always did.
 LATER_READY_COLUMNS = ("is_async",)
+# Ready columns added since 0013 that the procedure computes (the job it inserts is never of
+# a fair queue: db/mysql.py sends those through the statements' path), by the same rule.
+COMPUTED_READY_COLUMNS = {"turn": "LAST_INSERT_ID() * 65536"}
 
 
 def procedure_columns(fields: Iterable[Any]) -> frozenset[str]:
@@ -80,6 +83,20 @@ def later_ready_columns(apps, schema_editor) -> list[str]:
     return [name for name in LATER_READY_COLUMNS if name in present]
 
 
+def computed_ready_columns(apps, schema_editor) -> dict[str, str]:
+    """The columns of :data:`COMPUTED_READY_COLUMNS` the ready table has now, with their
+    values."""
+    ready = apps.get_model("django_jobs", "ReadyExecution")._meta.db_table
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = DATABASE() AND table_name = %s",
+            [ready],
+        )
+        present = {name for (name,) in cursor.fetchall()}
+    return {name: value for name, value in COMPUTED_READY_COLUMNS.items() if name in present}
+
+
 def procedure_sql(apps, schema_editor) -> str:
     quote = schema_editor.quote_name
     job = quote(apps.get_model("django_jobs", "Job")._meta.db_table)
@@ -92,8 +109,10 @@ def procedure_sql(apps, schema_editor) -> str:
     )
     names = ", ".join(quote(name) for name, _, _ in found)
     values = ", ".join(f"p_{name}" for name, _, _ in found)
-    ready_names = ", ".join([*READY_COLUMNS, *later])
+    computed = computed_ready_columns(apps, schema_editor)
+    ready_names = ", ".join([*READY_COLUMNS, *later, *(quote(name) for name in computed)])
     later_values = "".join(f", p_{name}" for name in later)
+    later_values += "".join(f", {value}" for value in computed.values())
     return f"""
 CREATE PROCEDURE {PROCEDURE}(
   IN own_transaction BOOLEAN,

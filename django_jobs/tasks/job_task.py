@@ -32,7 +32,13 @@ from django.tasks.exceptions import InvalidTask
 
 from django_jobs.conf import did_you_mean
 from django_jobs.exceptions import InvalidDependency, InvalidTaskArguments
-from django_jobs.limits import MAX_ATTEMPTS, declared_seconds
+from django_jobs.limits import (
+    MAX_ATTEMPTS,
+    MAX_FAIR_WEIGHT,
+    MIN_FAIR_WEIGHT,
+    declared_seconds,
+    is_number,
+)
 from django_jobs.tasks.backoff import BackoffSpec, Exponential, validate_backoff
 from django_jobs.tasks.rates import Rate, is_rate, parse_rate, resolve_rate
 from django_jobs.text import safe_repr
@@ -50,6 +56,8 @@ UNIQUE_UNTIL_CHOICES: tuple[str, ...] = get_args(UniqueUntil)
 # Jobs of one key running at once. Far above any real limit, far below the column's
 # 2**31 - 1 (PostgreSQL and MariaDB refuse a bigger one at enqueue, not declaration).
 MAX_CONCURRENCY_LIMIT = 1_000_000
+# Characters of a resolved fair key: the size of ``Job.fair_key`` and ``FairTurn.fair_key``.
+MAX_FAIR_KEY_LENGTH = 255
 
 if TYPE_CHECKING:
     TaskBase = Task
@@ -138,6 +146,8 @@ class JobOptions(TypedDict, total=False):
     timeout: float | timedelta | None
     rate_limit: str | None
     rate_key: ConcurrencyKey
+    fair_key: ConcurrencyKey
+    fair_weight: float | None
     on_dependency_failure: OnDependencyFailure
     after: Iterable[Any]
 
@@ -162,6 +172,10 @@ class JobTask[**P, R](TaskBase[P, R]):
     - ``rate_limit``, ``rate_key``: at most N starts per period of one key, a rate
       (``"10/m"``) or the name of one in ``DJANGO_JOBS["rate_limits"]``
       (docs/rate_limits.md).
+    - ``fair_key``, ``fair_weight``: the job's group (a tenant, say) and its weight among
+      the ready jobs of a queue of ``DJANGO_JOBS["fair_queues"]``, which take turns by
+      group rather than by age; refused at enqueue into any other queue
+      (docs/fairness.md).
     - ``after`` (per call, through ``using()``), ``on_dependency_failure``: wait for other
       jobs to succeed first, and what to do if one fails for good (docs/workflows.md).
 
@@ -180,6 +194,8 @@ class JobTask[**P, R](TaskBase[P, R]):
     timeout: float | timedelta | None = None
     rate_limit: str | None = None
     rate_key: ConcurrencyKey = None
+    fair_key: ConcurrencyKey = None
+    fair_weight: float | None = None
     on_dependency_failure: OnDependencyFailure = "cancel"
     # Per call only (``using(after=...)``): the jobs this one waits for.
     after: tuple[Dependency, ...] = ()
@@ -293,6 +309,63 @@ class JobTask[**P, R](TaskBase[P, R]):
         key = self.resolve_key("rate_key", prefix, args, kwargs, arguments)
         return (key or prefix), rate
 
+    def resolve_fair_key(
+        self,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        arguments: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """The fair key of one call, as it is: not prefixed with the task's path.
+
+        Unlike a concurrency or unique key, a fair key names a group that every task of
+        the queue shares (a tenant's id): two tasks that give ``"42"`` take turns as one
+        group. None without a ``fair_key`` (the caller gives such a job of a fair queue
+        the group ``''``). A key that is empty (the group of the jobs of no key, which
+        only a job without one joins), not a string, longer than its column or holding a
+        NUL (which PostgreSQL's text refuses: refused on every database alike) raises
+        ``InvalidTask`` here, before anything is written.
+        """
+        if self.fair_key is None:
+            return None
+        resolved = self.fill_key("fair_key", args, kwargs, arguments)
+        path = self.module_path
+        if not isinstance(resolved, str):
+            raise InvalidTask(
+                f"fair_key of {path} must give a string, not {safe_repr(resolved, 60)}"
+            )
+        if not resolved:
+            raise InvalidTask(
+                f"fair_key of {path} gave an empty string: a fair key names a group, and '' "
+                "is the group of the jobs of no key (for those, give no fair_key)"
+            )
+        if len(resolved) > MAX_FAIR_KEY_LENGTH:
+            raise InvalidTask(
+                f"fair_key of {path} gave {resolved[:60]!r}..., {len(resolved)} characters "
+                f"long; it may be at most {MAX_FAIR_KEY_LENGTH}"
+            )
+        if "\x00" in resolved:
+            raise InvalidTask(
+                f"fair_key of {path} gave {safe_repr(resolved, 60)}, which holds a NUL "
+                "character (\\x00): no fair key may hold one"
+            )
+        return resolved
+
+    def fill_key(
+        self,
+        option: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        arguments: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """The key option ``option`` (a template or a callable, not None) filled from one
+        call's arguments: what the callable returned, unchecked."""
+        key = getattr(self, option)
+        if callable(key):
+            return key(*args, **kwargs)
+        if arguments is None:
+            arguments = bound_arguments(self, args, kwargs)
+        return key.format(**arguments)
+
     def resolve_key(
         self,
         option: str,
@@ -302,15 +375,9 @@ class JobTask[**P, R](TaskBase[P, R]):
         arguments: Mapping[str, Any] | None = None,
     ) -> str | None:
         """Fill the key option ``option`` (a template or a callable) from one call's arguments."""
-        key = getattr(self, option)
-        if key is None:
+        if getattr(self, option) is None:
             return None
-        if callable(key):
-            resolved = key(*args, **kwargs)
-        else:
-            if arguments is None:
-                arguments = bound_arguments(self, args, kwargs)
-            resolved = key.format(**arguments)
+        resolved = self.fill_key(option, args, kwargs, arguments)
         if not isinstance(resolved, str) or not resolved:
             raise InvalidTask(f"{option} of {self.module_path} must give a non-empty string")
         full = f"{prefix}/{resolved}"
@@ -499,6 +566,32 @@ def validate_job_options(task: JobTask) -> None:
         if not isinstance(key, str) or not key:
             raise InvalidTask("concurrency_key must be a non-empty format string or a callable")
         validate_key_template(task, key)
+    validate_fair_options(task)
+
+
+def validate_fair_options(task: JobTask) -> None:
+    """``fair_key`` a template naming the function's arguments (or a callable), and
+    ``fair_weight`` None or a number within ``limits``' bounds.
+
+    The weight divides the turns between a group's jobs (``core.fairness.step_of``): a
+    weight of 0 or a negative one would give a group every turn or none, a NaN never
+    compares, and an ``inf`` or a huge one makes the step 0; so each is refused here, by
+    name, not quietly clamped where the turns are given. Whether the task's queue is fair
+    is a setting read at enqueue (``using(queue_name=...)`` can change it).
+    """
+    key = task.fair_key
+    if key is not None and not callable(key):
+        if not isinstance(key, str) or not key:
+            raise InvalidTask("fair_key must be a non-empty format string or a callable")
+        validate_key_template(task, key, "fair_key")
+    weight = task.fair_weight
+    if weight is None:
+        return
+    if not is_number(weight) or not MIN_FAIR_WEIGHT <= weight <= MAX_FAIR_WEIGHT:
+        raise InvalidTask(
+            f"fair_weight must be a number from {MIN_FAIR_WEIGHT:g} to {MAX_FAIR_WEIGHT:g} "
+            f"(None: 1, an even share), not {safe_repr(weight, 40)}"
+        )
 
 
 def validate_rate_options(task: JobTask) -> None:

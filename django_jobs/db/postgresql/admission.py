@@ -23,6 +23,7 @@ from typing import Any
 
 from django.db import connections
 
+from django_jobs.core.fairness import TURN_SCALE
 from django_jobs.db.notify import jobs_ready
 from django_jobs.models import (
     BlockedExecution,
@@ -74,6 +75,7 @@ def recount_statement(db: str) -> str:
         for model in (Job, ReadyExecution, ClaimedExecution, BlockedExecution, Semaphore)
     )
     limit = quote("limit")
+    fifo = f"picked.job_id * {TURN_SCALE}"
     return (
         f"WITH held AS ("
         f"SELECT concurrency_key AS key, count(*) AS n FROM {ready} "
@@ -95,9 +97,14 @@ def recount_statement(db: str) -> str:
         f"unblocked AS (DELETE FROM {blocked} AS b USING picked "
         f"WHERE b.job_id = picked.job_id), "
         f"readied AS (INSERT INTO {ready} (job_id, queue_name, priority, concurrency_key, "
-        f"created_at, is_async) SELECT picked.job_id, picked.queue_name, picked.priority, "
-        f"picked.concurrency_key, %(now)s, j.is_async FROM picked JOIN {job} AS j "
-        f"ON j.id = picked.job_id "
+        f"created_at, is_async, turn) SELECT picked.job_id, picked.queue_name, picked.priority, "
+        f"picked.concurrency_key, %(now)s, j.is_async, "
+        # core.fairness.ready_turns(at_head=True): the FIFO turn, or in a fair queue its
+        # level's head (read only for those).
+        f"CASE WHEN j.fair_key IS NULL THEN {fifo} ELSE COALESCE((SELECT min(h.turn) "
+        f"FROM {ready} AS h WHERE h.queue_name = picked.queue_name "
+        f"AND h.priority = picked.priority), {fifo}) END "
+        f"FROM picked JOIN {job} AS j ON j.id = picked.job_id "
         f"RETURNING job_id, queue_name), "
         f"marked AS (UPDATE {job} SET status = %(ready)s FROM picked "
         f"WHERE {job}.id = picked.job_id), "

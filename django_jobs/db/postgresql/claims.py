@@ -109,7 +109,7 @@ def claim_statement(
         ReadyExecution.objects.using(db)
         .filter(condition)
         .exclude(queue_name__in=paused)
-        .order_by("-priority", "job_id")
+        .order_by("-priority", "turn", "job_id")
         .values("job_id")[:limit]
     )
     picked_sql, picked_params = picked.query.get_compiler(using=db).as_sql()

@@ -25,6 +25,7 @@ from functools import cache, lru_cache
 from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_jobs.core.fairness import TURN_SCALE
 from django_jobs.db.base import column
 from django_jobs.db.notify import CHANNEL, inline_payload, jobs_ready
 from django_jobs.db.postgresql.cursors import bound_cursor
@@ -188,14 +189,15 @@ def insert_into(
 
 def with_ready_rows(db: str, fields: list[models.Field], rows: str) -> str:
     """The statement that inserts ``rows`` (a VALUES list or a SELECT giving ``fields``)
-    into the jobs table and a ready row for each, returning the new ids."""
+    into the jobs table and a ready row for each, returning the new ids. The jobs are of no
+    fair queue (``core.enqueue.plain_ready_jobs``): each takes its FIFO turn."""
     ready_table = connections[db].ops.quote_name(ReadyExecution._meta.db_table)
     return (
         f"WITH new_jobs AS ({insert_into(db, Job, fields, rows)} "
         f"RETURNING id, queue_name, priority, enqueued_at, is_async) "
         f"INSERT INTO {ready_table} (job_id, queue_name, priority, concurrency_key, created_at, "
-        f"is_async) SELECT id, queue_name, priority, NULL, enqueued_at, is_async FROM new_jobs "
-        f"RETURNING job_id"
+        f"is_async, turn) SELECT id, queue_name, priority, NULL, enqueued_at, is_async, "
+        f"id * {TURN_SCALE} FROM new_jobs RETURNING job_id"
     )
 
 

@@ -1,0 +1,175 @@
+"""Turns: where a ready row stands in claim order among the ready rows of its priority.
+
+Claims take ready rows by priority (descending), then ``turn``, then job id. A job of a
+queue that is not fair takes ``id * TURN_SCALE``: the id order, as before fairness. A job of
+a fair queue (``DJANGO_JOBS["fair_queues"]``, docs/fairness.md) takes a virtual start time
+(start-time fair queuing): its group (queue, priority, fair key) was last given turn ``L``
+and the queue's head, the lowest turn ready at that priority, is ``H``; its jobs take
+``max(L, H) + step``, ``+ 2 * step``, ... with ``step = TURN_SCALE / weight``. A group with a
+backlog is thus behind every group with fewer jobs waiting, one turn per job, and a group
+that was idle starts at the head: no credit for the time it had nothing waiting.
+
+The group's ``L`` is its ``FairTurn`` row, locked for the write, in ascending group order,
+after every semaphore the transaction takes (docs/design.md section 4): two transactions
+never give two jobs of one group the same turn. A row whose ``last_turn`` is NULL, negative or
+far past the head (edited by hand) does not stop anything: its group's jobs take their FIFO
+turns (``id * TURN_SCALE``), a warning is logged, and the row is written again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+from django.db import connections
+from django.utils import timezone
+
+from django_jobs.limits import MAX_FAIR_WEIGHT, MIN_FAIR_WEIGHT
+from django_jobs.models import FairTurn, Job, ReadyExecution
+
+logger = logging.getLogger("django_jobs.fairness")
+
+# The turns of one id: room for weights up to 100 (a step of 655) with ids up to 1.4e14.
+TURN_SCALE = 2**16
+# Weights allowed (docs/fairness.md): a step of 6,553,600 down to 655.
+MIN_WEIGHT, MAX_WEIGHT = MIN_FAIR_WEIGHT, MAX_FAIR_WEIGHT
+# A stamp this far past its queue's head is not one any backlog could have made (a billion
+# jobs at the lowest weight lead by 2**52): it was written by hand.
+MAX_LEAD = 2**56
+LARGEST_TURN = 2**62
+
+
+def fifo_turn(job_id: int) -> int:
+    """The turn of a job of a queue that is not fair: its id's place."""
+    return job_id * TURN_SCALE
+
+
+def step_of(weight: float | None) -> int:
+    """Turns between two jobs of a group of ``weight`` (None: 1)."""
+    if weight is None or not math.isfinite(weight) or weight <= 0:
+        return TURN_SCALE
+    return max(1, round(TURN_SCALE / min(max(weight, MIN_WEIGHT), MAX_WEIGHT)))
+
+
+Group = tuple[str, int, str]
+
+
+def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int, int]:
+    """The turn of each of ``jobs`` (saved: their ids are known), about to be made ready
+    in the caller's transaction, by job id. The groups of fair jobs are stamped here:
+    their ``FairTurn`` rows are locked, in ascending order, and moved past the turns given.
+
+    ``at_head``: jobs let in by their concurrency key's freed slot (``admission``'s
+    promotion, also PostgreSQL's one statement): a fair one takes its level's head, having
+    had its turn once when it was enqueued and blocked; no stamp is read or locked, so a
+    release, which holds semaphores, never waits for a stamp.
+    """
+    turns: dict[int, int] = {}
+    groups: dict[Group, list[Job]] = defaultdict(list)
+    for job in jobs:
+        if job.fair_key is None:
+            turns[job.pk] = fifo_turn(job.pk)
+        else:
+            groups[(job.queue_name, job.priority, job.fair_key)].append(job)
+    if not groups:
+        return turns
+    if at_head:
+        for (queue, priority, _), members in groups.items():
+            head = queue_head(db, queue, priority)
+            for job in members:
+                turns[job.pk] = fifo_turn(job.pk) if head is None else head
+        return turns
+    # Where a level has nothing ready, the groups of this call start at its first job's
+    # FIFO turn: one call's groups are interleaved, not one after the other.
+    first_fifo: dict[tuple[str, int], int] = {}
+    for (queue, priority, _), members in groups.items():
+        lowest = min(fifo_turn(job.pk) for job in members)
+        level = (queue, priority)
+        first_fifo[level] = min(first_fifo.get(level, lowest), lowest)
+    heads = {level: queue_head(db, *level) for level in first_fifo}
+    stamps, created = lock_stamps(db, sorted(groups))
+    now = timezone.now()
+    changed: list[FairTurn] = []
+    for group in sorted(groups):
+        members = sorted(groups[group], key=lambda job: job.pk)
+        level = group[:2]
+        head = heads[level]
+        stamp = stamps[group]
+        step = step_of(members[0].fair_weight)  # the start's, at an idle level
+        start = head if head is not None else first_fifo[level] - step
+        last = stamp.last_turn
+        base: int | None = start
+        if last is not None and is_sane(last, start):
+            # With nothing ready at its level the queue is idle: every group starts anew.
+            base = max(start, last) if head is not None else start
+        elif group not in created:
+            logger.warning(
+                "The fair turn of %r (queue %r, priority %d) is %r, which no enqueue "
+                "writes: its jobs take their FIFO turns and the row is written again.",
+                group[2],
+                group[0],
+                group[1],
+                last,
+            )
+            base = None
+        turn = 0 if base is None else base
+        for job in members:
+            # Each job's own weight: a call's using(fair_weight=...) moves its own steps.
+            turn = fifo_turn(job.pk) if base is None else turn + step_of(job.fair_weight)
+            turns[job.pk] = turn
+        stamp.last_turn = turn
+        stamp.updated_at = now
+        changed.append(stamp)
+    FairTurn.objects.using(db).bulk_update(changed, ["last_turn", "updated_at"])
+    return turns
+
+
+def is_sane(last: int, start: int) -> bool:
+    return 0 <= last <= LARGEST_TURN and last - start <= MAX_LEAD
+
+
+def queue_head(db: str, queue: str, priority: int) -> int | None:
+    """The lowest turn ready in ``queue`` at ``priority``: the virtual time now (one row
+    read from ``jobs_ready_poll``)."""
+    return (
+        ReadyExecution.objects.using(db)
+        .filter(queue_name=queue, priority=priority)
+        .order_by("turn")
+        .values_list("turn", flat=True)
+        .first()
+    )
+
+
+def lock_stamps(db: str, groups: list[Group]) -> tuple[dict[Group, FairTurn], set[Group]]:
+    """Lock the ``FairTurn`` rows of ``groups`` (ascending) one after another, making the
+    missing ones first (conflict-safely and exclusively locked at once, as
+    ``admission.lock_semaphore`` makes a semaphore); the rows, and the groups made here."""
+    rows = FairTurn.objects.using(db).select_for_update()
+    found: dict[Group, FairTurn] = {}
+    created: set[Group] = set()
+    for group in groups:
+        queue, priority, key = group
+        row = rows.filter(queue_name=queue, priority=priority, fair_key=key).first()
+        if row is None:
+            supports = connections[db].features
+            FairTurn.objects.using(db).bulk_create(
+                [FairTurn(queue_name=queue, priority=priority, fair_key=key)],
+                update_conflicts=True,
+                update_fields=["queue_name"],
+                unique_fields=(
+                    ["queue_name", "priority", "fair_key"]
+                    if supports.supports_update_conflicts_with_target
+                    else None
+                ),
+            )
+            row = rows.get(queue_name=queue, priority=priority, fair_key=key)
+            if row.last_turn is None:
+                created.add(group)
+        found[group] = row
+    return found, created
+
+
+def row_group(row: FairTurn) -> Group:
+    return (row.queue_name, row.priority, row.fair_key)

@@ -1,0 +1,268 @@
+"""Fair queues (docs/fairness.md): the order in which claims take the ready jobs of a queue
+of ``DJANGO_JOBS["fair_queues"]``, on real claims, and the stamps' lock under two real
+connections.
+
+The turns are start-time fair queuing (core/fairness.py): these tests give the exact
+claim order the rule makes, so a change of the rule shows here as a changed sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import QuerySet
+from django.test import override_settings
+
+from django_jobs import bulk_enqueue
+from django_jobs.core import fairness
+from django_jobs.core.claimed import finish_job
+from django_jobs.core.fairness import TURN_SCALE, fifo_turn
+from django_jobs.core.processes import register_process
+from django_jobs.core.queues import QueueSelector
+from django_jobs.core.ready import claim_jobs
+from django_jobs.core.starting import start_job
+from django_jobs.models import FairTurn, Job, ReadyExecution
+from tests.fair_tasks import capped_report, plain_default, tenant_report, unkeyed_report
+from tests.test_races import Runner, wait_for
+
+DB = "default"
+REPORTS = QueueSelector(("reports",))
+FAIR = {**settings.DJANGO_JOBS, "fair_queues": ["reports"]}
+
+
+@pytest.fixture
+def fair():
+    with override_settings(DJANGO_JOBS=FAIR):
+        yield
+
+
+@pytest.fixture
+def worker():
+    return register_process(DB, "worker")
+
+
+def group(job: Job) -> str:
+    return job.fair_key if job.fair_key else "-"
+
+
+def claim_groups(worker, count: int, selector: QueueSelector = REPORTS) -> list[str]:
+    """The groups of the next ``count`` jobs, claimed one claim at a time."""
+    taken = []
+    for _ in range(count):
+        (job,) = claim_jobs(DB, worker.pk, selector, 1)
+        taken.append(group(job))
+    return taken
+
+
+def enqueue_many(tenant: str, count: int, **options: Any) -> list[int]:
+    """One bulk enqueue of ``count`` jobs of ``tenant``."""
+    task = tenant_report.using(**options) if options else tenant_report
+    return [int(r.id) for r in bulk_enqueue([(task, (tenant,), {}) for _ in range(count)])]
+
+
+def turn_of(job_id: int) -> int:
+    return ReadyExecution.objects.get(job_id=job_id).turn
+
+
+@pytest.mark.django_db
+def test_a_tenants_backlog_does_not_hold_up_the_jobs_enqueued_after_it(fair, worker):
+    """A's 50 first, then three jobs of no key one by one, then C's three at once: each
+    group's first job is among the first four started, and from there the groups take
+    turns (a tie of turns goes to the older job). FIFO would start all 50 of A's first."""
+    enqueue_many("A", 50)
+    for n in range(3):
+        unkeyed_report.enqueue(n)
+    enqueue_many("C", 3)
+    assert claim_groups(worker, 12) == [
+        *("A", "A", "-", "C"),
+        *("A", "-", "C"),
+        *("A", "-", "C"),
+        *("A", "A"),
+    ]
+    assert claim_groups(worker, 44) == ["A"] * 44
+
+
+@pytest.mark.django_db
+def test_the_groups_of_one_bulk_enqueue_take_turns(fair, worker):
+    """Several groups in one call, into an idle queue, start from the call's first job
+    alike: interleaved, not one group after the other."""
+    bulk_enqueue(
+        [(tenant_report, (tenant,), {}) for tenant in ("A", "B", "C") for _ in range(4)]
+    )
+    assert claim_groups(worker, 12) == ["A", "B", "C"] * 4
+
+
+@pytest.mark.django_db
+def test_a_queue_that_is_not_fair_keeps_priority_then_id_order(fair, worker):
+    results = bulk_enqueue(
+        [(plain_default.using(priority=n % 3), (n,), {}) for n in range(9)]
+        + [(plain_default, (9,), {})]
+    )
+    ids = [int(r.id) for r in results]
+    assert {turn_of(pk) for pk in ids} == {fifo_turn(pk) for pk in ids}
+    assert Job.objects.filter(pk__in=ids, fair_key__isnull=False).count() == 0
+    order = [job.pk for job in claim_jobs(DB, worker.pk, QueueSelector(("default",)), 10)]
+    priority = {pk: n % 3 if n < 9 else 0 for n, pk in enumerate(ids)}
+    assert order == sorted(ids, key=lambda pk: (-priority[pk], pk))
+
+
+@pytest.mark.django_db
+def test_a_group_of_weight_two_starts_two_jobs_for_each_of_weight_one(fair, worker):
+    enqueue_many("heavy", 40, fair_weight=2)
+    enqueue_many("light", 40)
+    first = claim_groups(worker, 30)
+    # Two turns of heavy's to one of light's, heavy starting half a turn ahead (it was
+    # enqueued into an idle queue): 21 and 9 of the first 30, and 4 or 5 in every 6.
+    assert first.count("heavy") == 21
+    for start in range(25):
+        assert first[start : start + 6].count("heavy") in (4, 5), first
+
+
+@pytest.mark.django_db
+def test_a_group_that_was_idle_starts_at_the_head_without_credit(fair, worker):
+    """B had nothing ready while A's first ten ran: its ten jobs then take turns with A's,
+    they do not all go first."""
+    enqueue_many("A", 20)
+    assert claim_groups(worker, 10) == ["A"] * 10
+    enqueue_many("B", 10)
+    assert claim_groups(worker, 10) == ["A", "A", "B", "A", "B", "A", "B", "A", "B", "A"]
+
+
+@pytest.mark.django_db
+def test_a_higher_priority_still_goes_first(fair, worker):
+    enqueue_many("A", 10)
+    urgent = int(tenant_report.using(priority=5).enqueue("B").id)
+    (job,) = claim_jobs(DB, worker.pk, REPORTS, 1)
+    assert job.pk == urgent
+
+
+@pytest.mark.django_db
+def test_a_group_that_ran_ahead_alone_starts_anew_once_the_queue_was_idle(fair, worker):
+    """A's jobs were the only ones, so they ran: with nothing ready, every group starts at
+    its first job's place, A's stamp far ahead or not."""
+    enqueue_many("A", 5, fair_weight=0.01)  # 5 turns of 100 ids each: far ahead
+    assert claim_groups(worker, 5) == ["A"] * 5
+    (b,) = enqueue_many("B", 1)
+    (a,) = enqueue_many("A", 1)
+    assert turn_of(b) == fifo_turn(b)
+    assert claim_groups(worker, 2) == ["B", "A"]
+    assert a > b
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("stamp", [None, -5, 2**62, 2**63 - 1])
+def test_a_stamp_edited_by_hand_gives_fifo_turns_and_a_warning(fair, worker, caplog, stamp):
+    enqueue_many("A", 3)
+    enqueue_many("B", 3)
+    FairTurn.objects.filter(fair_key="A").update(last_turn=stamp)
+    with caplog.at_level(logging.WARNING, logger="django_jobs.fairness"):
+        (late,) = enqueue_many("A", 1)
+    assert turn_of(late) == fifo_turn(late)
+    (record,) = caplog.records
+    assert "'A'" in record.getMessage() and "FIFO" in record.getMessage()
+    # The row is written again: the next job of A is stamped as usual, and the queue runs.
+    assert FairTurn.objects.get(fair_key="A").last_turn == fifo_turn(late)
+    (after,) = enqueue_many("A", 1)
+    assert turn_of(after) == fifo_turn(late) + TURN_SCALE
+    assert sorted(claim_groups(worker, 8)) == ["A"] * 5 + ["B"] * 3
+    assert not ReadyExecution.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_job_let_in_by_its_concurrency_slot_takes_the_queues_head(fair, worker):
+    """Blocked behind its key's holder while A's backlog was enqueued, T's second job takes
+    the head of the queue when the slot frees, not a place behind A's backlog."""
+    holder = int(capped_report.enqueue("T").id)
+    waiting = int(capped_report.enqueue("T").id)
+    assert not ReadyExecution.objects.filter(job_id=waiting).exists()
+    (job,) = claim_jobs(DB, worker.pk, REPORTS, 1)
+    assert job.pk == holder
+    assert start_job(DB, job, worker.pk, worker.name)
+    enqueue_many("A", 20)
+    head = min(ReadyExecution.objects.values_list("turn", flat=True))
+    finish_job(DB, holder, worker.pk, None)
+    assert turn_of(waiting) == head
+    # A tie of turns goes to the older job: T's, enqueued before A's backlog.
+    (job,) = claim_jobs(DB, worker.pk, REPORTS, 1)
+    assert job.pk == waiting
+
+
+# --- two connections ---------------------------------------------------------------------
+
+needs_row_locks = pytest.mark.skipif(
+    "connection.vendor == 'sqlite'", reason="SQLite serialises writers: no row locks to race"
+)
+
+
+def race_two_enqueues_of_one_group() -> tuple[int, int]:
+    """The first enqueue of group X holds its transaction open after its stamp; the second
+    runs meanwhile, to its end or to a lock wait; then the first commits. The jobs' turns."""
+    enqueue_many("X", 1)  # X's stamp row exists, committed
+    holding, release = threading.Event(), threading.Event()
+
+    def first() -> int:
+        with transaction.atomic():
+            (pk,) = enqueue_many("X", 1)
+            holding.set()
+            assert release.wait(20), "never released"
+        return pk
+
+    def second() -> int:
+        assert holding.wait(20), "the first enqueue never held its stamp"
+        with transaction.atomic():
+            (pk,) = enqueue_many("X", 1)
+        return pk
+
+    runners = [Runner(first), Runner(second)]
+    for runner in runners:
+        runner.start()
+    wait_for(runners[1].blocked_or_done, "the second enqueue to end or wait")
+    release.set()
+    a, b = (runner.finish() for runner in runners)
+    return turn_of(a), turn_of(b)
+
+
+@needs_row_locks
+@pytest.mark.django_db(transaction=True)
+def test_two_enqueues_of_one_group_at_once_take_two_turns(fair):
+    """The stamp row is locked for the write: the second enqueue waits for the first to
+    commit, then reads its stamp."""
+    first, second = race_two_enqueues_of_one_group()
+    assert second == first + TURN_SCALE
+
+
+@needs_row_locks
+@pytest.mark.django_db(transaction=True)
+def test_unprotected_two_enqueues_of_one_group_share_a_turn(fair, monkeypatch):
+    """The twin: the stamp read without its lock, both enqueues read the same last turn and
+    give their jobs the same one."""
+    original = QuerySet.select_for_update
+
+    def unlocked(self, *args, **kwargs):
+        return self if self.model is FairTurn else original(self, *args, **kwargs)
+
+    monkeypatch.setattr(QuerySet, "select_for_update", unlocked)
+    first, second = race_two_enqueues_of_one_group()
+    assert first == second
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's plan")
+@pytest.mark.django_db
+def test_the_queues_head_is_one_index_read(fair):
+    enqueue_many("A", 200)
+    bulk_enqueue([(plain_default, (n,), {}) for n in range(2000)])  # another queue's backlog
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_jobs_readyexecution")
+        cursor.execute(
+            "EXPLAIN SELECT turn FROM django_jobs_readyexecution WHERE queue_name = %s "
+            "AND priority = %s ORDER BY turn LIMIT 1",
+            ["reports", 0],
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "jobs_ready_poll" in plan and "Sort" not in plan, plan
+    assert fairness.queue_head(DB, "reports", 0) is not None
