@@ -20,14 +20,21 @@ memory would otherwise include an app they never use.
 from importlib.util import find_spec
 
 from testproject.settings import *  # noqa: F403
-from testproject.settings import DATABASES, INSTALLED_APPS, TASKS, env
+from testproject.settings import DATABASES, DJANGO_JOBS, INSTALLED_APPS, TASKS, env
 
 DEBUG = env.bool("DEBUG", default=False)
 
 INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks_db"]
 
+# Phase "fair" of bench/throughput.py (issue 38): a queue whose ready jobs take turns by
+# tenant (bench/fair_tasks.py). No other phase enqueues into it, and a fair queue changes
+# nothing for the others' jobs.
+FAIR_QUEUE = "fair"
+DJANGO_JOBS = {**DJANGO_JOBS, "fair_queues": [FAIR_QUEUE]}
+
 TASKS = {
     **TASKS,
+    "default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], FAIR_QUEUE]},
     # The peer, under its own alias: its worker takes only rows whose backend_name is "peer".
     "peer": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default"]},
 }

@@ -40,7 +40,9 @@ non-zero, with every worker stopped.
 from __future__ import annotations
 
 import argparse
+import bisect
 import importlib
+import itertools
 import json
 import os
 import platform
@@ -86,6 +88,7 @@ PHASES = (
     "latency",
     "claims",
     "prefix",
+    "fair",
 )
 SMOKE_SKIPS = {
     "procrastinate": "its enqueue, drain and latency take too long for the smoke run (phase "
@@ -166,6 +169,21 @@ ASYNC_SMOKE = AsyncSizes(200, 0.2, 0, 100, 1.0, 50)
 ASYNC_FLOAT_SIZES = ("sleep_s", "in_flight_s")
 
 
+@dataclass(frozen=True)
+class FairSizes:
+    """Phase "fair"'s own sizes (issue 38); its drains take --jobs over --keys tenants and
+    its one-by-one enqueues --enqueue, the other phases' flags."""
+
+    backlog: int  # tenant A's jobs, one bulk enqueue, before the others arrive
+    tenants: int  # the other tenants, arriving while A's backlog is being drained
+    tenant_jobs: int  # jobs of each of them, in each of the two rounds (bulk, one by one)
+    rounds: int  # pairs of drains (fair, non-fair), alternated: F N, N F, ...
+
+
+FAIR_FULL = FairSizes(50_000, 20, 50, 2)
+FAIR_SMOKE = FairSizes(5_000, 5, 20, 1)
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", choices=sorted(DATABASE_URLS), help="default: DATABASE_URL")
@@ -207,6 +225,17 @@ def parse_args() -> argparse.Namespace:
         full, smoke = getattr(ASYNC_FULL, attr), getattr(ASYNC_SMOKE, attr)
         sizes.add_argument(
             f"--async-{name}", type=kind, help=f"phase async: {what} ({full:,} / {smoke:,})"
+        )
+    for name, what in (
+        ("backlog", "tenant A's jobs, one bulk enqueue"),
+        ("tenants", "other tenants arriving behind A's backlog"),
+        ("tenant-jobs", "jobs of each of them, per round"),
+        ("rounds", "pairs of drains, fair and non-fair, alternated"),
+    ):
+        attr = name.replace("-", "_")
+        full, smoke = getattr(FAIR_FULL, attr), getattr(FAIR_SMOKE, attr)
+        sizes.add_argument(
+            f"--fair-{name}", type=int, help=f"phase fair: {what} ({full:,} / {smoke:,})"
         )
     workers = parser.add_argument_group("workers")
     workers.add_argument("--processes", type=int, help="run_jobs --processes (CPU count)")
@@ -279,6 +308,7 @@ from django_tasks_db.models import DBTaskResult, get_date_max  # noqa: E402
 from django_tasks_db.utils import exclusive_transaction  # noqa: E402
 
 from bench.connections import held_connections  # noqa: E402
+from bench.fair_tasks import FAIR_QUEUE, fair_noop, tenant_noop  # noqa: E402
 from bench.tables import empty, tables_of  # noqa: E402
 from bench.tasks import (  # noqa: E402
     noop,
@@ -3036,6 +3066,425 @@ def phase_prefix(run: Run) -> None:
     run.report.details["prefix"] = [{**asdict(r), "rate": r.rate} for r in rounds]
 
 
+# --- fair queues (issue 38): one tenant's backlog, drains, enqueues; fair against not ---
+
+BACKLOG_TENANT = "A"
+
+
+def fair_sizes(options: argparse.Namespace) -> FairSizes:
+    base = FAIR_SMOKE if options.smoke else FAIR_FULL
+    values = {
+        name: default
+        if getattr(options, f"fair_{name}") is None
+        else getattr(options, f"fair_{name}")
+        for name, default in asdict(base).items()
+    }
+    if min(values.values()) < 1:
+        raise SystemExit("--fair-backlog, --fair-tenants, --fair-tenant-jobs, --fair-rounds: >= 1")
+    return FairSizes(**values)
+
+
+def tenant_name(n: int) -> str:
+    return f"tenant-{n:04d}"
+
+
+@dataclass
+class Arrival:
+    """One round of the other tenants' jobs arriving behind A's backlog, from the job rows."""
+
+    how: str  # "bulk": one bulk_enqueue() per tenant; "one by one": round robin, autocommit
+    jobs: int
+    enqueue_s: float  # the harness's time to enqueue the round
+    wait_ms: dict[str, float]  # enqueued_at → started_at of the round's jobs: p50, p95, ...
+    # Starts while at least one of the round's jobs was waiting (enqueued, not started),
+    # A's and everyone else's (the round's own, and on the non-fair queue the other round's).
+    a_starts: int
+    other_starts: int
+    # A's jobs not yet started when the round's last job started: > 0, A still had a
+    # backlog all along (the scenario held).
+    a_left: int
+
+    @property
+    def a_share(self) -> float:
+        return self.a_starts / max(1, self.a_starts + self.other_starts)
+
+
+@dataclass
+class Backlog:
+    """Tenant A's backlog in one queue, the others arriving behind it."""
+
+    queue: str
+    fair: bool
+    backlog: int
+    backlog_enqueue_s: float  # A's bulk_enqueue()
+    arrivals: list[Arrival]
+    a_span_s: float  # A's first start to its last finish
+    drain_rate: float  # every job of the scenario / (first start to last finish)
+
+
+def arrival(how: str, ids: list[int], enqueue_s: float, a_last: int) -> Arrival:
+    """A round's figures: its jobs' waits, and whose starts fell while one of them waited
+    (the union of their [enqueued_at, started_at] intervals)."""
+    rows = sorted(Job.objects.filter(pk__in=ids).values_list("enqueued_at", "started_at"))
+    waits = [ms(started - enqueued) for enqueued, started in rows]
+    merged: list[list[datetime]] = []
+    for enqueued, started in rows:
+        if merged and enqueued <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], started)
+        else:
+            merged.append([enqueued, started])
+    begins = [interval[0] for interval in merged]
+    first, last = merged[0][0], merged[-1][1]
+    a_starts = other_starts = 0
+    starts = Job.objects.filter(started_at__gte=first, started_at__lte=last)
+    for pk, started in starts.values_list("pk", "started_at").iterator(chunk_size=10_000):
+        index = bisect.bisect_right(begins, started) - 1
+        if index >= 0 and started <= merged[index][1]:
+            if pk <= a_last:
+                a_starts += 1
+            else:
+                other_starts += 1
+    a_left = Job.objects.filter(pk__lte=a_last, started_at__gt=last).count()
+    return Arrival(how, len(ids), enqueue_s, percentiles(waits), a_starts, other_starts, a_left)
+
+
+def all_started(ids: list[int]) -> bool:
+    return not Job.objects.filter(pk__in=ids, started_at__isnull=True).exists()
+
+
+def backlog_scenario(run: Run, sizes: FairSizes, fair: bool) -> Backlog:
+    """Tenant A bulk-enqueues ``backlog`` jobs; ours' workers start and take them; as soon
+    as they do, ``tenants`` other tenants enqueue ``tenant_jobs`` each, one bulk_enqueue()
+    per tenant, one tenant after another; then the same again one by one, round robin over
+    the tenants, each its own transaction (on the fair queue once the first round has all
+    started, so that a tenant's second round is not queued behind its first; on the other
+    queue at once: there both rounds wait for A's backlog whenever they come). Then
+    everything drains."""
+    task = fair_noop if fair else tenant_noop
+    queue_name = task.queue_name
+    kind = "fair" if fair else "non-fair"
+    reset_tables()
+    progress(f"fair, {kind} queue {queue_name!r}: tenant A's {sizes.backlog:,} jobs, bulk")
+    began = time.perf_counter()
+    a_ids = [
+        int(r.id)
+        for r in run.ours.backend.bulk_enqueue([(task, (BACKLOG_TENANT,), {})] * sizes.backlog)
+    ]
+    backlog_enqueue_s = time.perf_counter() - began
+    a_last = max(a_ids)
+    stored = Job.objects.filter(pk=a_last).values_list("queue_name", "fair_key").get()
+    if stored != (queue_name, BACKLOG_TENANT if fair else None):
+        raise RuntimeError(f"phase fair: A's job was stored as (queue, fair key) {stored}")
+    tenants = [tenant_name(n) for n in range(sizes.tenants)]
+    per = sizes.tenant_jobs
+    total = sizes.backlog + 2 * per * len(tenants)
+    ours = run.ours
+    with Workers(
+        ours.commands(), run.log_dir, f"ours-fair-backlog-{kind}", ours.environment()
+    ) as workers:
+
+        def taking_a() -> bool:
+            kinds = list(Process.objects.values_list("kind", flat=True))
+            return (
+                kinds.count(Process.Kind.WORKER) >= ours.processes
+                and Process.Kind.DISPATCHER in kinds
+                and Job.objects.filter(started_at__isnull=False).exists()
+            )
+
+        wait_until(taking_a, workers, "run_jobs' workers to start on A's backlog", START_TIMEOUT)
+        progress(f"fair, {kind}: {len(tenants)} tenants x {per} jobs, one bulk enqueue each")
+        began = time.perf_counter()
+        bulk_ids: list[int] = []
+        for tenant in tenants:
+            results = ours.backend.bulk_enqueue([(task, (tenant,), {})] * per)
+            bulk_ids += [int(r.id) for r in results]
+        bulk_s = time.perf_counter() - began
+        if fair:
+            wait_until(
+                lambda: all_started(bulk_ids),
+                workers,
+                "the tenants' bulk-enqueued jobs to start",
+                STALL_TIMEOUT,
+            )
+        progress(f"fair, {kind}: {len(tenants)} tenants x {per} jobs, one by one")
+        began = time.perf_counter()
+        single_ids = [int(task.enqueue(tenant).id) for _ in range(per) for tenant in tenants]
+        single_s = time.perf_counter() - began
+        progress(f"fair, {kind}: draining the rest of A's backlog")
+        wait_finished(ours, workers, total)
+    failed = ours.failed_count()
+    if failed:
+        raise RuntimeError(f"phase fair: {failed:,} of {total:,} jobs did not succeed")
+    arrivals = [
+        arrival("bulk", bulk_ids, bulk_s, a_last),
+        arrival("one by one", single_ids, single_s, a_last),
+    ]
+    a_span = Job.objects.filter(pk__lte=a_last).aggregate(
+        first=Min("started_at"), last=Max("finished_at")
+    )
+    first, last = ours.span()
+    return Backlog(
+        queue_name,
+        fair,
+        sizes.backlog,
+        backlog_enqueue_s,
+        arrivals,
+        (a_span["last"] - a_span["first"]).total_seconds(),
+        total / (last - first).total_seconds(),
+    )
+
+
+def fair_drains(run: Run, rounds: int) -> dict[str, Any]:
+    """``--jobs`` no-op jobs over ``--keys`` tenants, one bulk enqueue, drained by fresh
+    workers of ours: in the fair queue, and the same calls in queue "default" (not fair),
+    in pairs, who goes first alternating (F N, N F, ...). The ratio is fair / non-fair of
+    the mean rates; each pair's own ratio beside it."""
+    count, keys = run.sizes.jobs, run.sizes.keys
+    calls = {
+        kind: [(task, (tenant_name(n % keys),), {}) for n in range(count)]
+        for kind, task in (("fair", fair_noop), ("plain", tenant_noop))
+    }
+    drains: dict[str, list[Drain]] = {"fair": [], "plain": []}
+    for pair in range(rounds):
+        order = ("fair", "plain") if pair % 2 == 0 else ("plain", "fair")
+        for kind in order:
+            progress(
+                f"fair drain {pair + 1}/{rounds}, {kind}: {count:,} jobs over {keys:,} tenants"
+            )
+            plant = lambda k=kind: run.ours.backend.bulk_enqueue(calls[k])  # noqa: E731
+            drains[kind].append(
+                drain(run.ours, count, plant, run.log_dir, f"ours-fair-{kind}-{pair}")
+            )
+    fair_mean = statistics.mean(d.rate for d in drains["fair"])
+    plain_mean = statistics.mean(d.rate for d in drains["plain"])
+    return {
+        "jobs": count,
+        "keys": keys,
+        "fair": [asdict(d) for d in drains["fair"]],
+        "plain": [asdict(d) for d in drains["plain"]],
+        "fair_rate": fair_mean,
+        "plain_rate": plain_mean,
+        "ratio": fair_mean / plain_mean,
+        "pair_ratios": [
+            f.rate / p.rate for f, p in zip(drains["fair"], drains["plain"], strict=True)
+        ],
+        "fair_cpu_ms": statistics.mean(d.cpu["ms_per_job"] for d in drains["fair"]),
+        "plain_cpu_ms": statistics.mean(d.cpu["ms_per_job"] for d in drains["plain"]),
+        "fair_server_cpu_ms": statistics.mean(d.server_cpu["ms_per_job"] for d in drains["fair"]),
+        "plain_server_cpu_ms": statistics.mean(d.server_cpu["ms_per_job"] for d in drains["plain"]),
+        "fair_plant_s": statistics.mean(d.plant_s for d in drains["fair"]),
+        "plain_plant_s": statistics.mean(d.plant_s for d in drains["plain"]),
+    }
+
+
+def statements_of(enqueue: Callable[[], object]) -> dict[str, Any]:
+    """The statements one enqueue sends on the harness's connection, each timed here
+    (Django's own record rounds to the millisecond, more than most of them take)."""
+    statements: list[dict[str, Any]] = []
+
+    def timed(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            took = (time.perf_counter() - began) * 1000
+            statements.append({"ms": round(took, 3), "sql": " ".join(str(sql).split())[:300]})
+
+    with connection.execute_wrapper(timed):
+        began = time.perf_counter()
+        enqueue()
+        took = time.perf_counter() - began
+    return {
+        "count": len(statements),
+        "wall_ms": took * 1000,
+        "sql_ms": sum(s["ms"] for s in statements),
+        "statements": statements,
+    }
+
+
+def fair_enqueues(run: Run) -> dict[str, Any]:
+    """``enqueue()`` one by one in autocommit, ``--enqueue`` jobs each: the fair task over
+    ``--keys`` tenants (round robin) against the same calls of its non-fair twin, in turns
+    piece by piece (who goes first alternating: :func:`timed_in_turns`). Every tenant has
+    one job of each kind first (one bulk enqueue each, not timed): the fair groups' stamps
+    exist, as in service, where a tenant's first job is the exception."""
+    count, keys = run.sizes.enqueue, run.sizes.keys
+    reset_tables()
+    tenants = [tenant_name(n) for n in range(keys)]
+    backend = run.ours.backend
+    for task in (tenant_noop, fair_noop):
+        backend.bulk_enqueue([(task, (tenant,), {}) for tenant in tenants])
+        task.enqueue(tenants[0])  # warm-up of the one-by-one path
+
+    def enqueuer(task: Any) -> Callable[[int], int]:
+        position = itertools.count()
+
+        def enqueue(n: int) -> int:
+            for _ in range(n):
+                task.enqueue(tenants[next(position) % keys])
+            return n
+
+        return enqueue
+
+    plain, fair = timed_in_turns(count, [enqueuer(tenant_noop), enqueuer(fair_noop)])
+    expected = 2 * (keys + 1 + count)
+    if Job.objects.count() != expected:
+        raise RuntimeError(f"phase fair: {Job.objects.count():,} rows, {expected:,} expected")
+    statements = {
+        "plain": statements_of(lambda: tenant_noop.enqueue(tenants[1 % keys])),
+        "fair": statements_of(lambda: fair_noop.enqueue(tenants[1 % keys])),
+    }
+    return {
+        "jobs": count,
+        "keys": keys,
+        "plain": asdict(plain),
+        "fair": asdict(fair),
+        "ratio": fair.median / plain.median,
+        "statements": statements,
+    }
+
+
+def wait_note(a: Arrival) -> str:
+    w = a.wait_ms
+    return f"p50 {number(w['p50'])}, max {number(w['max'])} ms"
+
+
+def phase_fair(run: Run) -> None:
+    """Issue 38's figures, ours against ours, same run: the other tenants' wait behind one
+    tenant's backlog in a fair queue and in one that is not, the drain over many fair keys
+    and the one-by-one enqueue with a fair key, each against the same in a non-fair queue."""
+    sizes = fair_sizes(OPTIONS)
+    report = run.report
+    groups = sizes.tenants + 1
+    backlogs = [backlog_scenario(run, sizes, fair=True), backlog_scenario(run, sizes, fair=False)]
+    drains = fair_drains(run, sizes.rounds)
+    progress(f"fair enqueue: {run.sizes.enqueue:,} one by one each, in turns")
+    enqueues = fair_enqueues(run)
+    total = sizes.backlog + 2 * sizes.tenants * sizes.tenant_jobs
+    for b in backlogs:
+        name = "fair" if b.fair else "non-fair"
+        key = "fair" if b.fair else "plain"
+        for a in b.arrivals:
+            how = "bulk" if a.how == "bulk" else "1by1"
+            label = f"{name}: tenants' wait p95, {a.how}"
+            held = "" if a.a_left else "; A's backlog was gone before its last start"
+            report.figures.append(
+                Figure(
+                    f"{key}_wait_p95_{how}",
+                    label,
+                    "ms",
+                    a.wait_ms["p95"],
+                    None,
+                    higher_is_better=False,
+                    note=f"{wait_note(a)}; {a.jobs:,} jobs{held}",
+                )
+            )
+        bulk = b.arrivals[0]
+        report.figures.append(
+            Figure(
+                f"{key}_a_share",
+                f"{name}: A's share of starts",
+                "%",
+                100 * bulk.a_share,
+                None,
+                note=f"{bulk.a_starts:,} of {bulk.a_starts + bulk.other_starts:,} starts while a "
+                f"tenant's bulk job waited; one by one: {100 * b.arrivals[1].a_share:.1f}%",
+            )
+        )
+        report.figures.append(
+            Figure(
+                f"{key}_a_span",
+                f"{name}: A's backlog drained in",
+                "s",
+                b.a_span_s,
+                None,
+                higher_is_better=False,
+                note=f"its first start to its last finish; all {total:,} jobs at "
+                f"{number(b.drain_rate)}/s; A's bulk enqueue {b.backlog_enqueue_s:.1f} s",
+            )
+        )
+    keys = drains["keys"]
+    for kind, label in (
+        ("fair", f"drain, {keys:,} fair keys"),
+        ("plain", "drain, same, non-fair queue"),
+    ):
+        rates = ", ".join(number(d["rate"]) for d in drains[kind])
+        report.figures.append(
+            Figure(
+                f"{kind}_keys_drain_rate",
+                label,
+                "jobs/s",
+                drains[f"{kind}_rate"],
+                None,
+                note=f"mean of {rates}; CPU ms/job: worker {drains[f'{kind}_cpu_ms']:.2f}, "
+                f"server {drains[f'{kind}_server_cpu_ms']:.2f}; "
+                f"bulk enqueue {drains[f'{kind}_plant_s']:.1f} s",
+            )
+        )
+    statements = enqueues["statements"]
+    for kind, label in (
+        ("fair", "enqueue one by one, fair key"),
+        ("plain", "enqueue 1 by 1, non-fair queue"),
+    ):
+        s = statements[kind]
+        report.figures.append(
+            Figure(
+                f"{kind}_enqueue_rate",
+                label,
+                "jobs/s",
+                enqueues[kind]["median"],
+                None,
+                note=f"median of {PIECES} pieces, in turns; one enqueue: {s['count']} statements, "
+                f"{s['sql_ms']:.2f} ms of SQL in {s['wall_ms']:.2f} ms",
+            )
+        )
+    fair_b, plain_b = backlogs
+    for a, today in zip(fair_b.arrivals, plain_b.arrivals, strict=True):
+        report.checks.append(
+            Check(
+                f"fair_wait_p95_{'bulk' if a.how == 'bulk' else '1by1'}",
+                f"ours: fair, tenants' wait p95 (s), {a.how}",
+                a.wait_ms["p95"] / 1000,
+                f"<= 1 (issue 38; non-fair queue: {today.wait_ms['p95'] / 1000:.1f} s)",
+            )
+        )
+    report.checks.append(
+        Check(
+            "fair_a_share",
+            "ours: fair, A's share of starts (%)",
+            100 * fair_b.arrivals[0].a_share,
+            f">= {100 / groups:.2f} (1/{groups}, its fair share; non-fair queue: "
+            f"{100 * plain_b.arrivals[0].a_share:.1f})",
+        )
+    )
+    pairs = ", ".join(f"{r:.2f}" for r in drains["pair_ratios"])
+    report.checks.append(
+        Check(
+            "fair_drain_over_plain",
+            f"ours: drain {keys:,} fair keys / non-fair",
+            drains["ratio"],
+            f">= 0.9 (issue 38; pairs: {pairs})",
+        )
+    )
+    report.checks.append(
+        Check(
+            "fair_enqueue_over_plain",
+            "ours: enqueue fair key / non-fair",
+            enqueues["ratio"],
+            ">= 0.9 (issue 38)",
+        )
+    )
+    report.details["fair"] = {
+        "sizes": asdict(sizes),
+        "backlog": [
+            {**asdict(b), "arrivals": [{**asdict(a), "a_share": a.a_share} for a in b.arrivals]}
+            for b in backlogs
+        ],
+        "drains": drains,
+        "enqueues": enqueues,
+    }
+
+
 PHASE_RUNNERS: dict[str, Callable[[Run], None]] = {
     "enqueue": phase_enqueue,
     "concurrent": phase_concurrent,
@@ -3051,6 +3500,7 @@ PHASE_RUNNERS: dict[str, Callable[[Run], None]] = {
     "oban": phase_oban,
     "async": phase_async,
     "prefix": phase_prefix,
+    "fair": phase_fair,
 }
 
 
@@ -3280,6 +3730,8 @@ def print_header(info: dict[str, Any], sizes: Sizes) -> None:
         )
     if "async" in info["phases"]:
         print_async_header(info, async_sizes(OPTIONS))
+    if "fair" in info["phases"]:
+        print_fair_header(sizes, fair_sizes(OPTIONS))
     print(f"load average at the end: {info['load_average_end']}")
 
 
@@ -3310,6 +3762,22 @@ def print_async_header(info: dict[str, Any], sizes: AsyncSizes) -> None:
             f"{', '.join(map(str, procrastinate_concurrencies()))} (30: its docs' example; "
             "200: ours' async_jobs), the same async task, batch_defer() for the drain"
         )
+
+
+def print_fair_header(sizes: Sizes, fair: FairSizes) -> None:
+    """Phase fair's scenario, in the words of the report."""
+    print(
+        f"fair: queue {FAIR_QUEUE!r} in DJANGO_JOBS['fair_queues'], fair_key = the tenant "
+        "(bench/fair_tasks.py fair_noop), against the same no-op in queue 'default', not fair "
+        "(tenant_noop); ours' workers as above. Backlog: tenant A's "
+        f"{fair.backlog:,} jobs in one bulk_enqueue(), the workers started, and once they "
+        f"take A's jobs {fair.tenants} other tenants x {fair.tenant_jobs} jobs, one "
+        "bulk_enqueue() per tenant; then (fair queue: once those all started; the other: at "
+        "once) the same one by one, round robin over the tenants; wait = the rows' "
+        f"started_at - enqueued_at. Drains: {sizes.jobs:,} jobs over {sizes.keys:,} tenants, "
+        f"{fair.rounds} pair(s), alternated. Enqueue: {sizes.enqueue:,} one by one each, "
+        f"round robin over {sizes.keys:,} tenants, in turns"
+    )
 
 
 # --- main ------------------------------------------------------------------------------

@@ -65,6 +65,20 @@ def enqueue_many(tenant: str, count: int, **options: Any) -> list[int]:
     return [int(r.id) for r in bulk_enqueue([(task, (tenant,), {}) for _ in range(count)])]
 
 
+def enqueue_one(tenant: str, **options: Any) -> int:
+    """One job of ``tenant``, enqueued alone: PostgreSQL's one statement, stamp and all."""
+    task = tenant_report.using(**options) if options else tenant_report
+    return int(task.enqueue(tenant).id)
+
+
+# Both ways a job of a fair queue is enqueued: alone (one statement on PostgreSQL, the ORM's
+# statements elsewhere) and in a bulk (the ORM's statements everywhere).
+WAYS = {
+    "alone": lambda tenant: [enqueue_one(tenant)],
+    "bulk": lambda tenant: enqueue_many(tenant, 2),
+}
+
+
 def turn_of(job_id: int) -> int:
     return ReadyExecution.objects.get(job_id=job_id).turn
 
@@ -91,9 +105,7 @@ def test_a_tenants_backlog_does_not_hold_up_the_jobs_enqueued_after_it(fair, wor
 def test_the_groups_of_one_bulk_enqueue_take_turns(fair, worker):
     """Several groups in one call, into an idle queue, start from the call's first job
     alike: interleaved, not one group after the other."""
-    bulk_enqueue(
-        [(tenant_report, (tenant,), {}) for tenant in ("A", "B", "C") for _ in range(4)]
-    )
+    bulk_enqueue([(tenant_report, (tenant,), {}) for tenant in ("A", "B", "C") for _ in range(4)])
     assert claim_groups(worker, 12) == ["A", "B", "C"] * 4
 
 
@@ -155,21 +167,26 @@ def test_a_group_that_ran_ahead_alone_starts_anew_once_the_queue_was_idle(fair, 
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("stamp", [None, -5, 2**62, 2**63 - 1])
-def test_a_stamp_edited_by_hand_gives_fifo_turns_and_a_warning(fair, worker, caplog, stamp):
+def test_a_stamp_edited_by_hand_gives_fifo_turns_and_a_warning(fair, worker, caplog, stamp, way):
+    """Alone (one statement on PostgreSQL) or two in a bulk (the ORM's statements): the
+    group's jobs take their FIFO turns from there, one warning, and the row is written
+    again, so the group's next job is stamped as usual."""
+    enqueue = {"alone": lambda: [enqueue_one("A")], "bulk": lambda: enqueue_many("A", 2)}[way]
     enqueue_many("A", 3)
     enqueue_many("B", 3)
     FairTurn.objects.filter(fair_key="A").update(last_turn=stamp)
     with caplog.at_level(logging.WARNING, logger="django_jobs.fairness"):
-        (late,) = enqueue_many("A", 1)
-    assert turn_of(late) == fifo_turn(late)
+        late = enqueue()
+    assert [turn_of(pk) for pk in late] == [fifo_turn(pk) for pk in late]
     (record,) = caplog.records
     assert "'A'" in record.getMessage() and "FIFO" in record.getMessage()
-    # The row is written again: the next job of A is stamped as usual, and the queue runs.
-    assert FairTurn.objects.get(fair_key="A").last_turn == fifo_turn(late)
-    (after,) = enqueue_many("A", 1)
-    assert turn_of(after) == fifo_turn(late) + TURN_SCALE
-    assert sorted(claim_groups(worker, 8)) == ["A"] * 5 + ["B"] * 3
+    assert FairTurn.objects.get(fair_key="A").last_turn == turn_of(late[-1])
+    after = enqueue_one("A")
+    assert turn_of(after) == turn_of(late[-1]) + TURN_SCALE
+    count = 3 + len(late) + 1
+    assert sorted(claim_groups(worker, count + 3)) == ["A"] * count + ["B"] * 3
     assert not ReadyExecution.objects.exists()
 
 
@@ -199,24 +216,24 @@ needs_row_locks = pytest.mark.skipif(
 )
 
 
-def race_two_enqueues_of_one_group() -> tuple[int, int]:
+def race_two_enqueues_of_one_group(way: str) -> tuple[list[int], list[int]]:
     """The first enqueue of group X holds its transaction open after its stamp; the second
     runs meanwhile, to its end or to a lock wait; then the first commits. The jobs' turns."""
     enqueue_many("X", 1)  # X's stamp row exists, committed
     holding, release = threading.Event(), threading.Event()
+    enqueue = WAYS[way]
 
-    def first() -> int:
+    def first() -> list[int]:
         with transaction.atomic():
-            (pk,) = enqueue_many("X", 1)
+            ids = enqueue("X")
             holding.set()
             assert release.wait(20), "never released"
-        return pk
+        return ids
 
-    def second() -> int:
+    def second() -> list[int]:
         assert holding.wait(20), "the first enqueue never held its stamp"
         with transaction.atomic():
-            (pk,) = enqueue_many("X", 1)
-        return pk
+            return enqueue("X")
 
     runners = [Runner(first), Runner(second)]
     for runner in runners:
@@ -224,31 +241,63 @@ def race_two_enqueues_of_one_group() -> tuple[int, int]:
     wait_for(runners[1].blocked_or_done, "the second enqueue to end or wait")
     release.set()
     a, b = (runner.finish() for runner in runners)
-    return turn_of(a), turn_of(b)
+    return [turn_of(pk) for pk in a], [turn_of(pk) for pk in b]
 
 
 @needs_row_locks
 @pytest.mark.django_db(transaction=True)
-def test_two_enqueues_of_one_group_at_once_take_two_turns(fair):
+@pytest.mark.parametrize("way", WAYS)
+def test_two_enqueues_of_one_group_at_once_take_two_turns(fair, way):
     """The stamp row is locked for the write: the second enqueue waits for the first to
     commit, then reads its stamp."""
-    first, second = race_two_enqueues_of_one_group()
-    assert second == first + TURN_SCALE
+    first, second = race_two_enqueues_of_one_group(way)
+    assert min(second) == max(first) + TURN_SCALE
 
 
 @needs_row_locks
 @pytest.mark.django_db(transaction=True)
 def test_unprotected_two_enqueues_of_one_group_share_a_turn(fair, monkeypatch):
-    """The twin: the stamp read without its lock, both enqueues read the same last turn and
-    give their jobs the same one."""
+    """The twin of the ORM's path: the stamp read without its lock, both enqueues read the
+    same last turn and give their jobs the same one."""
     original = QuerySet.select_for_update
 
     def unlocked(self, *args, **kwargs):
         return self if self.model is FairTurn else original(self, *args, **kwargs)
 
     monkeypatch.setattr(QuerySet, "select_for_update", unlocked)
-    first, second = race_two_enqueues_of_one_group()
-    assert first == second
+    first, second = race_two_enqueues_of_one_group("bulk")
+    assert set(first) & set(second)
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's one statement")
+@pytest.mark.django_db(transaction=True)
+def test_unprotected_one_statement_reading_the_stamp_in_its_snapshot_shares_a_turn(
+    fair, monkeypatch
+):
+    """The twin of PostgreSQL's one statement: the upsert still waits for the first
+    enqueue's lock, but takes the last turn from the statement's snapshot instead of the
+    row it locked, so both jobs get the same turn."""
+    from django_jobs.db.postgresql import insert
+
+    original = insert.with_fair_ready_row
+
+    def from_snapshot(*args: Any) -> str:
+        sql = original(*args)
+        locked = "GREATEST(f.last_turn, level.head)"
+        assert sql.count(locked) == 1
+        snapshot = (
+            "GREATEST((SELECT p.last_turn FROM django_jobs_fairturn AS p "
+            "WHERE p.id = f.id), level.head)"
+        )
+        return sql.replace(locked, snapshot)
+
+    monkeypatch.setattr(insert, "with_fair_ready_row", from_snapshot)
+    insert.single_statement.cache_clear()
+    try:
+        first, second = race_two_enqueues_of_one_group("alone")
+    finally:
+        insert.single_statement.cache_clear()
+    assert set(first) & set(second)
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's plan")

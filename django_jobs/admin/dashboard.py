@@ -1,4 +1,5 @@
-"""The dashboard: queues and their states, throughput, processes, pause and resume."""
+"""The dashboard: queues and their states, the fair queues' groups, throughput, processes,
+pause and resume."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 
-from django_jobs.admin.base import REFRESH_SECONDS, PageAdmin
+from django_jobs.admin.base import EMPTY, REFRESH_SECONDS, PageAdmin
 from django_jobs.admin.chart import bars
 from django_jobs.admin.processes import process_rows
 from django_jobs.conf import JobsSettings
@@ -29,6 +30,58 @@ def outcome_window(recent: inspection.RecentOutcomes) -> str:
     if not recent.queue_window_cut:
         return "1h"
     return f"{recent.queue_minutes} min"
+
+
+def percent(part: int, whole: int) -> str:
+    """``part`` of ``whole`` as the page shows a share ("12.5%"); an en dash of nothing."""
+    return f"{part / whole:.1%}" if whole else EMPTY
+
+
+def fair_sections(queues: list[inspection.FairQueue]) -> list[dict[str, Any]]:
+    """Each fair queue's groups as the dashboard's table shows them: the groups with the
+    most ready jobs, then a row for the other groups and one for the jobs of no group, each
+    only when it has jobs. A key is user data: the template escapes it."""
+    sections = []
+    for found in queues:
+        rows: list[dict[str, Any]] = [
+            {
+                "key": group.key,
+                "ready": f"{group.ready:,}",
+                "ready_share": percent(group.ready, found.ready_read),
+                "starts": f"{group.starts:,}",
+                "share": percent(group.starts, found.starts),
+                "turns": EMPTY if group.turns_queued is None else f"{group.turns_queued:,.1f}",
+            }
+            for group in found.groups
+        ]
+        others = found.groups_seen - len(found.groups)
+        rest = (
+            ("others", others, found.other_ready, found.other_starts),
+            ("ungrouped", None, found.ungrouped_ready, found.ungrouped_starts),
+        )
+        for kind, count, ready, starts in rest:
+            if ready or starts:
+                rows.append(
+                    {
+                        kind: True,
+                        "count": count,
+                        "ready": f"{ready:,}",
+                        "ready_share": percent(ready, found.ready_read),
+                        "starts": f"{starts:,}",
+                        "share": percent(starts, found.starts),
+                        "turns": EMPTY,
+                    }
+                )
+        sections.append(
+            {
+                "found": found,
+                "rows": rows,
+                "ready_read": f"{found.ready_read:,}",
+                "groups_seen": f"{found.groups_seen:,}",
+                "starts": f"{found.starts:,}",
+            }
+        )
+    return sections
 
 
 def columns(window: str) -> tuple[str, ...]:
@@ -81,6 +134,12 @@ class DashboardAdmin(PageAdmin):
             "chart": chart,
             "processes": process_rows(db, inspection.processes(db, now, conf)),
             "paused": paused,
+            # Nothing read, and no section, when no queue is fair.
+            "fair_queues": fair_sections(
+                inspection.fair_groups(db, inspection.fair_queue_list(conf), now)
+            ),
+            "fair_ready_read": f"{inspection.FAIR_READY_READ:,}",
+            "fair_starts_read": f"{inspection.FAIR_STARTS_READ:,}",
         }
 
     def get_urls(self):

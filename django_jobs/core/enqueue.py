@@ -153,6 +153,9 @@ def write_calls(
         results = [build_result(plain[0], task=prepared[0][1])]
         return results, results
     quick = plain if features(db).can_insert_ready_in_one_statement else []
+    if not quick and len(prepared) == 1 and is_fair_and_plain(prepared[0][0]):
+        # A fair queue's single enqueue: stamped in the same one statement (PostgreSQL).
+        quick = [prepared[0][0]] if features(db).can_insert_ready_in_one_statement else []
     if len(quick) == len(prepared) and len(quick) <= ops(db).insert_chunk_size:
         # One statement, atomic on its own: no BEGIN/COMMIT round trips.
         ops(db).insert_ready_jobs(db, quick)
@@ -214,6 +217,16 @@ def plain_ready_jobs(prepared: list[tuple[Job, Task]]) -> list[Job]:
         and job.unique_lock is None
         and job.fair_key is None
     ]
+
+
+def is_fair_and_plain(job: Job) -> bool:
+    """A job of a fair queue ready at once with nothing else to lock or check."""
+    return (
+        job.status == JobStatus.READY
+        and not job.concurrency_key
+        and job.unique_lock is None
+        and job.fair_key is not None
+    )
 
 
 def insert_the_others(

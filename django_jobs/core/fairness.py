@@ -105,14 +105,7 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
             # With nothing ready at its level the queue is idle: every group starts anew.
             base = max(start, last) if head is not None else start
         elif group not in created:
-            logger.warning(
-                "The fair turn of %r (queue %r, priority %d) is %r, which no enqueue "
-                "writes: its jobs take their FIFO turns and the row is written again.",
-                group[2],
-                group[0],
-                group[1],
-                last,
-            )
+            warn_of_stamp(members[0], last)
             base = None
         turn = 0 if base is None else base
         for job in members:
@@ -124,6 +117,17 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
         changed.append(stamp)
     FairTurn.objects.using(db).bulk_update(changed, ["last_turn", "updated_at"])
     return turns
+
+
+def warn_of_stamp(job: Job, last: object = "not one an enqueue writes") -> None:
+    logger.warning(
+        "The fair turn of %r (queue %r, priority %d) is %s: its jobs take their FIFO turns "
+        "and the row is written again.",
+        job.fair_key,
+        job.queue_name,
+        job.priority,
+        last if isinstance(last, str) else f"{last!r}, which no enqueue writes",
+    )
 
 
 def is_sane(last: int, start: int) -> bool:

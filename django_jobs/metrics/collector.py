@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from django_jobs.conf import JobsSettings
 from django_jobs.metrics.facts import Facts, gather
 from django_jobs.models import Process
-from django_jobs.observability.inspection import OUTCOMES, PENDING_STATES, ProcessInfo
+from django_jobs.observability.inspection import OUTCOMES, PENDING_STATES, FairQueue, ProcessInfo
 
 PREFIX = "django_jobs"
 PROCESS_LABELS = ["process", "kind", "host"]
@@ -79,6 +79,48 @@ def families() -> dict[str, GaugeMetricFamily]:
             ["key"],
         ),
         "key_limit": gauge("key_limit", "The key's concurrency limit (same top N keys).", ["key"]),
+        "fair_group_ready": gauge(
+            "fair_group_ready_jobs",
+            "Ready jobs of the fair queue's groups with the most (top N, "
+            "DJANGO_JOBS_METRICS top_fair_keys), counted among its next ready jobs "
+            "(django_jobs_fair_ready_jobs_read); fair_key '' is the group of no key.",
+            ["queue", "fair_key"],
+        ),
+        "fair_group_share": gauge(
+            "fair_group_start_share",
+            "The group's share (0 to 1) of the fair queue's recent starts (same top N "
+            "groups; absent while the queue has none: django_jobs_fair_recent_starts).",
+            ["queue", "fair_key"],
+        ),
+        "fair_other_ready": gauge(
+            "fair_other_ready_jobs",
+            "Ready jobs counted of the fair queue's other groups, and of its jobs of no "
+            "group (enqueued before it was fair).",
+            ["queue"],
+        ),
+        "fair_groups": gauge(
+            "fair_groups",
+            "Groups among the fair queue's ready jobs counted (at most as many as those).",
+            ["queue"],
+        ),
+        "fair_ready_read": gauge(
+            "fair_ready_jobs_read",
+            "Ready jobs of the fair queue its groups were counted among: all of them, or its "
+            "next ones in claim order, up to the read's cap.",
+            ["queue"],
+        ),
+        "fair_ready_capped": gauge(
+            "fair_ready_jobs_capped",
+            "1 if the fair queue has more ready jobs than were read (counts are of its next "
+            "ones), else 0.",
+            ["queue"],
+        ),
+        "fair_recent_starts": gauge(
+            "fair_recent_starts",
+            "The fair queue's jobs running now or finished within the last hour (its latest "
+            "minutes past the read's cap): the whole the shares are of.",
+            ["queue"],
+        ),
         "processes": gauge(
             "processes",
             "run_jobs processes registered, per kind and state (alive, dead: heartbeat "
@@ -140,6 +182,8 @@ def fill(metrics: dict[str, GaugeMetricFamily], facts: Facts) -> None:
         metrics["key_holders"].add_metric([key.key], key.holders)
         if key.limit is not None:
             metrics["key_limit"].add_metric([key.key], key.limit)
+    for found in facts.fair_queues:
+        add_fair_queue(metrics, found)
     # Every kind and state, also at 0: "no live worker" is a value, not a missing series.
     tally = {(kind, state): 0 for kind in Process.Kind.values for state in ("alive", "dead")}
     for process in facts.processes:
@@ -153,6 +197,21 @@ def fill(metrics: dict[str, GaugeMetricFamily], facts: Facts) -> None:
             add_async_loop(metrics, labels, process)
     for (kind, state), n in sorted(tally.items()):
         metrics["processes"].add_metric([kind, state], n)
+
+
+def add_fair_queue(metrics: dict[str, GaugeMetricFamily], found: FairQueue) -> None:
+    """A fair queue's series: one per group shown (at most ``top_fair_keys``: the labels
+    never follow the number of keys), and the queue's own."""
+    queue = found.queue
+    for group in found.groups:
+        metrics["fair_group_ready"].add_metric([queue, group.key], group.ready)
+        if group.share is not None:
+            metrics["fair_group_share"].add_metric([queue, group.key], group.share)
+    metrics["fair_other_ready"].add_metric([queue], found.other_ready + found.ungrouped_ready)
+    metrics["fair_groups"].add_metric([queue], found.groups_seen)
+    metrics["fair_ready_read"].add_metric([queue], found.ready_read)
+    metrics["fair_ready_capped"].add_metric([queue], 1 if found.ready_capped else 0)
+    metrics["fair_recent_starts"].add_metric([queue], found.starts)
 
 
 def add_async_loop(
@@ -177,12 +236,17 @@ class JobsCollector(Collector):
 
     ``top_keys``: how many concurrency keys get series of their own (those with the
     most blocked jobs); ``conf``: the ``DJANGO_JOBS`` settings to read the database
-    alias and alive threshold from (loaded at each collect when None).
+    alias, alive threshold and fair queues from (loaded at each collect when None);
+    ``top_fair_keys``: how many groups of each fair queue get series of their own (those
+    with the most ready jobs).
     """
 
-    def __init__(self, top_keys: int = 20, conf: JobsSettings | None = None) -> None:
+    def __init__(
+        self, top_keys: int = 20, conf: JobsSettings | None = None, top_fair_keys: int = 10
+    ) -> None:
         self.top_keys = top_keys
         self.conf = conf
+        self.top_fair_keys = top_fair_keys
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         # Without this a registry with auto_describe (the global REGISTRY) would call
@@ -191,5 +255,5 @@ class JobsCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         metrics = families()
-        fill(metrics, gather(self.top_keys, self.conf))
+        fill(metrics, gather(self.top_keys, self.conf, self.top_fair_keys))
         yield from metrics.values()

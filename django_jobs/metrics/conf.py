@@ -28,6 +28,8 @@ class MetricsSettings:
     allow_staff: bool = True
     # Concurrency keys listed one by one (those with the most blocked jobs).
     top_keys: int = 20
+    # Groups of each fair queue listed one by one (those with the most ready jobs).
+    top_fair_keys: int = 10
 
     @classmethod
     def load(cls) -> MetricsSettings:
@@ -54,7 +56,8 @@ class MetricsSettings:
         values["bearer_tokens"] = tuple(tokens)
         if not isinstance(values.get("allow_staff", True), bool):
             raise ImproperlyConfigured(f'{SETTINGS_NAME}["allow_staff"] must be True or False')
-        top = values.get("top_keys", cls.top_keys)
-        if not isinstance(top, int) or isinstance(top, bool) or top < 0:
-            raise ImproperlyConfigured(f'{SETTINGS_NAME}["top_keys"] must be an integer >= 0')
+        for name in ("top_keys", "top_fair_keys"):
+            top = values.get(name, getattr(cls, name))
+            if not isinstance(top, int) or isinstance(top, bool) or top < 0:
+                raise ImproperlyConfigured(f'{SETTINGS_NAME}["{name}"] must be an integer >= 0')
         return cls(**values)

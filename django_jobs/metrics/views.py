@@ -75,7 +75,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
     # A registry per request with only our collector: nothing process-local is exposed,
     # and auto_describe=False keeps register() from collecting (querying) a second time.
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(JobsCollector(top_keys=conf.top_keys))
+    registry.register(JobsCollector(top_keys=conf.top_keys, top_fair_keys=conf.top_fair_keys))
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
     try:
         body = encoder(registry)

@@ -1,5 +1,5 @@
 """What an operator asks of the queue: counts, blocked keys, stuck jobs, live processes,
-the progress of running jobs and the latest workflows.
+the progress of running jobs, the latest workflows and the groups of the fair queues.
 
 Shared by ``manage.py jobs``, the admin and the metrics: every query reads the small
 execution tables or an index range of ``Job`` (jobs finished in a window the caller
@@ -9,16 +9,19 @@ counted.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db import connections
 from django.db.models import Count, Min
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from django_jobs.conf import JobsSettings
+from django_jobs.conf import JobsSettings, fair_queues_problem
+from django_jobs.core.fairness import TURN_SCALE, is_sane
 from django_jobs.core.progress import from_row
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.workflows import WorkflowState, workflow_states
@@ -27,6 +30,7 @@ from django_jobs.models import (
     AwaitingExecution,
     BlockedExecution,
     ClaimedExecution,
+    FairTurn,
     Job,
     JobStatus,
     Pause,
@@ -72,6 +76,15 @@ COUNT_CAP = 10_000
 QUEUE_ROWS_READ = 10_000
 # The latest workflows a snapshot shows (``manage.py jobs``); the admin lists them all.
 WORKFLOWS_SHOWN = 10
+# Fair queues (``fair_groups``, docs/fairness.md): the groups shown per queue, those with the
+# most ready jobs; the ready rows read per queue, the next ones in claim order, to count
+# them among (past it, "10,000+"); the jobs of each outcome read for the recent starts, the
+# latest to finish within FAIR_STARTS_WINDOW. However many keys there are, these bound the
+# rows read: 100,000 keys cost what 10 do.
+FAIR_GROUPS_SHOWN = 10
+FAIR_READY_READ = 10_000
+FAIR_STARTS_READ = 1_000
+FAIR_STARTS_WINDOW = timedelta(hours=1)
 
 
 @dataclass
@@ -139,6 +152,9 @@ class Snapshot:
     finished_since: datetime | None = None
     # How many minutes that is (60: the whole hour, the minute under way included).
     finished_minutes: int = 60
+    # Each fair queue's groups with the most ready jobs and their shares of recent starts
+    # (``fair_groups``); empty when no queue is fair.
+    fair_queues: list[FairQueue] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         def encode(value: Any) -> Any:
@@ -538,6 +554,7 @@ def snapshot(conf: JobsSettings | None = None) -> Snapshot:
         progress=running_progress(db),
         blocked_key_count=key_count,
         workflows=latest_workflows(db),
+        fair_queues=fair_groups(db, fair_queue_list(conf), now),
     )
 
 
@@ -681,3 +698,278 @@ def finished_between(db: str, start: datetime, end: datetime):
         .filter(status__in=OUTCOMES, finished_at__gte=start, finished_at__lt=end)
         .order_by()
     )
+
+
+@dataclass
+class FairGroup:
+    """One group of a fair queue: its ``fair_key`` ('' for the jobs that give none), its
+    jobs among the ready rows read (``FairQueue.ready_read``), its jobs among the recent
+    starts counted (``FairQueue.starts``) and their share of those (None when none was
+    counted). ``turns_queued``: how far its newest ready job stands behind the queue's head
+    (the lowest turn ready at the highest priority ready), in turns of a group of weight 1:
+    a group of weight 1 with 40 jobs waiting stands about 40 turns back, one of weight 2
+    about 20. None where its stamp says nothing of it: no stamp, no ready job of the group
+    at the head's priority among those read, or a stamp edited by hand."""
+
+    key: str
+    ready: int
+    starts: int
+    share: float | None
+    turns_queued: float | None = None
+
+
+@dataclass
+class FairQueue:
+    """What :func:`fair_groups` found of one fair queue.
+
+    ``groups``: the groups with the most jobs among the ready rows read, most first (ties by
+    key). ``ready_read``: the ready rows read, the queue's next ones in claim order, at most
+    the ``sample`` asked for; ``ready_capped``: the queue has more ready jobs than that, so
+    the counts are of its next ``ready_read`` jobs, not of all. ``groups_seen``: the groups
+    among the rows read. ``other_ready``: the rows read of the groups not shown;
+    ``ungrouped_ready``: of jobs with no group (``fair_key`` NULL: enqueued before the
+    queue was made fair, they take their FIFO turns). ``starts``: the queue's jobs running
+    now or finished since ``starts_since`` (the starts counted, the shares' whole), of
+    which ``other_starts`` by the groups not shown and ``ungrouped_starts`` by jobs with no
+    group; ``starts_cut``: some recent starts were left out (``starts_since`` is later than
+    the window's start, or more jobs run than were read). ``head_priority``,
+    ``head_turn``: where the claims are now (None with nothing ready)."""
+
+    queue: str
+    groups: list[FairGroup]
+    ready_read: int
+    ready_capped: bool
+    groups_seen: int
+    other_ready: int
+    ungrouped_ready: int
+    starts: int
+    other_starts: int
+    ungrouped_starts: int
+    starts_since: datetime
+    starts_cut: bool
+    head_priority: int | None = None
+    head_turn: int | None = None
+
+    @property
+    def ready_text(self) -> str:
+        """The ready rows read as a page shows them: "10,000+" when capped."""
+        return f"{self.ready_read:,}" + ("+" if self.ready_capped else "")
+
+
+@dataclass
+class RecentStarts:
+    """Per fair queue, per group (None: no group), the jobs running now or finished since
+    ``since``; ``cut``: some were left out (``since`` past the window's start, or more
+    running jobs than were read)."""
+
+    counts: dict[str, Counter[str | None]]
+    since: datetime
+    cut: bool
+
+
+def fair_queue_list(conf: JobsSettings) -> list[str]:
+    """The fair queues of ``conf`` (``DJANGO_JOBS["fair_queues"]``), sorted; none while the
+    setting is malformed (check E025), as the enqueue reads it (``conf.fair_queue_names``)."""
+    value = conf.fair_queues
+    if not value or fair_queues_problem(value) is not None:
+        return []
+    return sorted(set(value))
+
+
+def fair_groups(
+    db: str,
+    queues: Sequence[str],
+    now: datetime,
+    *,
+    top: int | None = None,
+    sample: int | None = None,
+    starts: int | None = None,
+    stamps: bool = True,
+) -> list[FairQueue]:
+    """For each of ``queues`` (fair queues, docs/fairness.md), the ``top`` groups by ready
+    jobs and each one's share of the recent starts (None: ``FAIR_GROUPS_SHOWN``,
+    ``FAIR_READY_READ``, ``FAIR_STARTS_READ``, read at the call).
+
+    Every read is bounded by ``sample``, ``starts`` and ``top``, never by the number of
+    keys or of ready rows, so 100,000 keys cost what 10 do (``tests/test_fair_inspection.py``
+    counts the queries and checks the caps):
+
+    - per queue, its next ``sample`` ready rows in claim order, then their jobs' ``fair_key``
+      (:func:`fair_ready_rows`): one range of the ``jobs_ready_poll`` index,
+      ``(queue_name, -priority, turn, job)``, stopped by a ``LIMIT``, then those jobs by
+      their primary key; the groups are counted in Python among those rows. Not a
+      ``GROUP BY`` of the queue's ready rows: its cost would follow the backlog (a million
+      rows for a million ready jobs) and its result the keys (100,000 groups to sort).
+      Past ``sample`` the counts are of the queue's next jobs, those the claims take next,
+      and ``ready_capped`` says so;
+    - once for all the queues, the recent starts (:func:`recent_starts`): at most
+      ``starts`` running jobs of the queues, through ``jobs_job_queue_status``, and the
+      latest ``starts`` jobs to reach each outcome within ``FAIR_STARTS_WINDOW``, each a
+      backward range of ``jobs_job_status_finished`` with a ``LIMIT``: ``4 * starts`` rows
+      at most (0 reads with ``starts=0``);
+    - per queue with jobs ready and ``stamps``, the shown groups' ``FairTurn`` rows at the
+      head's priority: at most ``top`` rows, by the stamps' unique index.
+
+    So ``3 * len(queues) + 4`` queries (with the default ``sample``, on the three
+    databases' default limits on parameters), each bounded.
+    """
+    if not queues:
+        return []
+    top = FAIR_GROUPS_SHOWN if top is None else top
+    sample = FAIR_READY_READ if sample is None else sample
+    started = recent_starts(db, queues, now, FAIR_STARTS_READ if starts is None else starts)
+    return [
+        fair_queue(db, queue, started, top=top, sample=sample, stamps=stamps) for queue in queues
+    ]
+
+
+def fair_ready_rows(db: str, queue: str, limit: int) -> list[tuple[int, int, str | None]]:
+    """The next ``limit`` ready rows of ``queue`` in claim order (priority descending, turn,
+    job id: the order of the claims, which read the same index), as (priority, turn, the
+    job's ``fair_key``).
+
+    Two reads, each bounded by ``limit``: the ready rows alone, a range of
+    ``jobs_ready_poll`` in its order from its start for ``queue``, ended by the ``LIMIT``
+    (every column it reads is in that index); then those jobs' keys by their primary key
+    (``id IN (...)``, in as few statements as the database's limit on parameters allows:
+    one on PostgreSQL, MariaDB and SQLite at the default ``limit``). Not one join: given
+    the ready table joined to the jobs, PostgreSQL may hash the queue's every ready row
+    with the whole job table and sort them (it did on a small table), a cost that follows
+    the backlog; here the join's side is at most ``limit`` ids whatever the plan. A job
+    pruned between the two reads is left out."""
+    rows = list(
+        ReadyExecution.objects.using(db)
+        .filter(queue_name=queue)
+        .order_by("-priority", "turn", "job_id")
+        .values_list("priority", "turn", "job_id")[:limit]
+    )
+    keys: dict[int, str | None] = {}
+    chunk = connections[db].features.max_query_params or len(rows) or 1
+    ids = [job_id for _, _, job_id in rows]
+    for start in range(0, len(ids), chunk):
+        found = Job.objects.using(db).filter(pk__in=ids[start : start + chunk])
+        keys.update(found.order_by().values_list("pk", "fair_key"))
+    return [(priority, turn, keys[job_id]) for priority, turn, job_id in rows if job_id in keys]
+
+
+def recent_starts(db: str, queues: Sequence[str], now: datetime, limit: int) -> RecentStarts:
+    """The jobs of ``queues`` that started lately, per queue and group: those running now
+    and those finished since the window's start (``FAIR_STARTS_WINDOW`` ago), read with
+    ``LIMIT``s only.
+
+    No index orders a queue's jobs by their start (``last_attempted_at`` has none), and the
+    one that orders jobs by their end, ``(status, finished_at)``, has no queue: asking it
+    for a queue's latest jobs would walk back past every other queue's. So each outcome's
+    latest ``limit`` jobs of every queue are read (a backward range of that index: ``limit``
+    entries and look-ups, whatever the history) and those of ``queues`` kept in Python.
+    Where a read was cut (``limit`` rows), the window starts after its last row for every
+    outcome alike, so that no outcome is counted over a longer time than another. The
+    running jobs are read through ``(queue_name, status)``, at most ``limit`` of them. A
+    job that finished without starting (discarded while it waited) is no start; a job
+    retried after a failed attempt is counted when it ends."""
+    window_start = now - FAIR_STARTS_WINDOW
+    counts: dict[str, Counter[str | None]] = {queue: Counter() for queue in queues}
+    if limit <= 0:
+        return RecentStarts(counts=counts, since=now, cut=False)
+    since, cut = window_start, False
+    finished: list[tuple[str, str | None, datetime | None, datetime | None]] = []
+    for status in OUTCOMES:
+        rows = list(
+            Job.objects.using(db)
+            .filter(status=status, finished_at__gte=window_start)
+            .order_by("-finished_at")
+            .values_list("queue_name", "fair_key", "finished_at", "last_attempted_at")[:limit]
+        )
+        last = rows[-1][2] if len(rows) >= limit else None
+        if last is not None:
+            since, cut = max(since, last), True
+        finished += rows
+    for queue, key, finished_at, started_at in finished:
+        tally = counts.get(queue)
+        if tally is None or started_at is None or finished_at is None:
+            continue
+        # Past a cut, the rows at its very instant are left out too: another outcome's
+        # rows of that instant may not all have been read.
+        if not cut or finished_at > since:
+            tally[key] += 1
+    running = list(
+        Job.objects.using(db)
+        .filter(queue_name__in=list(queues), status=JobStatus.RUNNING)
+        .order_by()
+        .values_list("queue_name", "fair_key")[:limit]
+    )
+    cut = cut or len(running) >= limit
+    for queue, key in running:
+        if queue in counts:
+            counts[queue][key] += 1
+    return RecentStarts(counts=counts, since=since, cut=cut)
+
+
+def fair_queue(
+    db: str, queue: str, started: RecentStarts, *, top: int, sample: int, stamps: bool
+) -> FairQueue:
+    """One queue of :func:`fair_groups`: its ready rows read and counted, its top groups,
+    their shares of ``started``, their stamps."""
+    sample = max(1, sample)
+    rows = fair_ready_rows(db, queue, sample + 1)
+    capped = len(rows) > sample
+    rows = rows[:sample]
+    ready: Counter[str] = Counter(key for _, _, key in rows if key is not None)
+    ungrouped = len(rows) - ready.total()
+    shown = sorted(ready, key=lambda key: (-ready[key], key))[: max(0, top)]
+    head_priority, head_turn = (rows[0][0], rows[0][1]) if rows else (None, None)
+    at_head = {key for priority, _, key in rows if priority == head_priority}
+    queued: dict[str, float] = {}
+    if stamps and shown and head_turn is not None:
+        queued = turns_queued(
+            db, queue, head_priority, head_turn, [k for k in shown if k in at_head]
+        )
+    starts = started.counts.get(queue, Counter())
+    total = sum(starts.values())
+    groups = [
+        FairGroup(
+            key=key,
+            ready=ready[key],
+            starts=starts.get(key, 0),
+            share=starts.get(key, 0) / total if total else None,
+            turns_queued=queued.get(key),
+        )
+        for key in shown
+    ]
+    shown_starts = sum(group.starts for group in groups)
+    ungrouped_starts = starts.get(None, 0)
+    return FairQueue(
+        queue=queue,
+        groups=groups,
+        ready_read=len(rows),
+        ready_capped=capped,
+        groups_seen=len(ready),
+        other_ready=sum(ready.values()) - sum(group.ready for group in groups),
+        ungrouped_ready=ungrouped,
+        starts=total,
+        other_starts=total - shown_starts - ungrouped_starts,
+        ungrouped_starts=ungrouped_starts,
+        starts_since=started.since,
+        starts_cut=started.cut,
+        head_priority=head_priority,
+        head_turn=head_turn,
+    )
+
+
+def turns_queued(
+    db: str, queue: str, priority: int | None, head: int, keys: list[str]
+) -> dict[str, float]:
+    """Per key of ``keys`` (at most the groups shown), how many turns of weight 1 its stamp
+    (``FairTurn.last_turn``: the turn of its newest ready job) stands behind ``head`` at
+    ``priority``: one read of the stamps' unique index per key, in one query. A stamp
+    the enqueue would not trust (``fairness.is_sane``) or behind the head gives nothing."""
+    if not keys or priority is None:
+        return {}
+    stamps = FairTurn.objects.using(db).filter(
+        queue_name=queue, priority=priority, fair_key__in=keys
+    )
+    return {
+        key: (last - head) / TURN_SCALE
+        for key, last in stamps.values_list("fair_key", "last_turn")
+        if last is not None and is_sane(last, head) and last >= head
+    }

@@ -49,6 +49,8 @@ from django_jobs.observability.inspection import (
     COUNT_CAP,
     STATES,
     WORKFLOWS_SHOWN,
+    FairGroup,
+    FairQueue,
     ProcessInfo,
     Snapshot,
     snapshot,
@@ -93,9 +95,9 @@ batch_size.__name__ = f"batch size (1 to {MAX_BATCH_SIZE:,})"  # argparse's erro
 
 class Command(BaseCommand):
     help = (
-        "Show per-queue counts, blocked concurrency keys, stuck jobs, live processes, the "
-        "progress of running jobs and the latest workflows; or retry, discard or cancel jobs "
-        "(jobs retry --help)."
+        "Show per-queue counts, blocked concurrency keys, the fair queues' largest groups, "
+        "stuck jobs, live processes, the progress of running jobs and the latest workflows; "
+        "or retry, discard or cancel jobs (jobs retry --help)."
     )
     # call_command(..., stdin=StringIO("y\n")): the confirmation's answer, in tests.
     stealth_options = ("stdin",)
@@ -137,6 +139,7 @@ class Command(BaseCommand):
         for section in (
             self.render_queues,
             self.render_blocked_keys,
+            self.render_fair_queues,
             self.render_stuck,
             self.render_processes,
             self.render_progress,
@@ -190,6 +193,47 @@ class Command(BaseCommand):
                 f"  ... the first {len(key_rows):,} of {in_all} keys (by name); the admin's "
                 "blocked page lists every key"
             )
+
+    def render_fair_queues(self, state: Snapshot) -> None:
+        """Each fair queue's groups with the most ready jobs, and their shares of the recent
+        starts (``inspection.fair_groups``); no section when no queue is fair."""
+        if not state.fair_queues:
+            return
+        out = self.stdout.write
+        out(self.style.MIGRATE_HEADING("Fair queues (the groups with the most ready jobs)"))
+        for found in state.fair_queues:
+            among = f" among the next {found.ready_read:,}" if found.ready_capped else ""
+            cut = " (the latest only)" if found.starts_cut else ""
+            out(
+                f"  {printable(found.queue)}: {found.ready_text} ready, "
+                f"{found.groups_seen:,} group{'' if found.groups_seen == 1 else 's'}{among}; "
+                f"{found.starts:,} recent starts: running, or finished since "
+                f"{found.starts_since:%H:%M %Z}{cut}"
+            )
+            rows = [fair_row(found, group.key or "(no key)", group) for group in found.groups]
+            others = found.groups_seen - len(found.groups)
+            if found.other_ready or found.other_starts:
+                rows.append(
+                    fair_row(
+                        found,
+                        f"({others:,} other groups)" if others else "(other groups)",
+                        None,
+                        found.other_ready,
+                        found.other_starts,
+                    )
+                )
+            if found.ungrouped_ready or found.ungrouped_starts:
+                rows.append(
+                    fair_row(
+                        found,
+                        "(no group: enqueued before the queue was fair)",
+                        None,
+                        found.ungrouped_ready,
+                        found.ungrouped_starts,
+                    )
+                )
+            header = ["group", "ready", "starts", "share", "turns queued"]
+            out(table(header, rows) if rows else "    no job ready or started lately")
 
     def render_stuck(self, state: Snapshot) -> None:
         out = self.stdout.write
@@ -620,6 +664,27 @@ def stalled_for(process: ProcessInfo) -> str:
     """ ", 4.2 s in all" for the warning line; nothing when the seconds are unknown."""
     seconds = process.loop_stalled_seconds
     return "" if seconds is None else f", {seconds:,.1f} s in all"
+
+
+def fair_row(
+    found: FairQueue,
+    label: str,
+    group: FairGroup | None,
+    ready: int = 0,
+    starts: int = 0,
+) -> list[str]:
+    """A row of a fair queue's table: a group's (``label`` its key), or the other groups'
+    or the ungrouped jobs' figures."""
+    if group is not None:
+        ready, starts = group.ready, group.starts
+    turns = group.turns_queued if group is not None else None
+    return [
+        printable(label),
+        f"{ready:,}",
+        f"{starts:,}",
+        f"{starts / found.starts:.1%}" if found.starts else "-",
+        "-" if turns is None else f"{turns:,.1f}",
+    ]
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
