@@ -148,9 +148,11 @@ def write_calls(
             held = {index: backend.get_result(str(holder.pk)) for index, holder in holders.items()}
         return results_of(prepared, held)
     plain = plain_ready_jobs(prepared)
-    if len(plain) == len(prepared) == 1 and ops(db).enqueue_ready(db, plain[0]):
+    # One job ready at once: with a fair key too, the procedure stamps it (MySQL/MariaDB).
+    single = plain or [job for job, _ in prepared if is_fair_and_plain(job)]
+    if len(single) == len(prepared) == 1 and ops(db).enqueue_ready(db, single[0]):
         # One round trip, atomic on its own, where the database has a way (MySQL).
-        results = [build_result(plain[0], task=prepared[0][1])]
+        results = [build_result(single[0], task=prepared[0][1])]
         return results, results
     quick = plain if features(db).can_insert_ready_in_one_statement else []
     if not quick and len(prepared) == 1 and is_fair_and_plain(prepared[0][0]):

@@ -4,10 +4,13 @@ Claims take ready rows by priority (descending), then ``turn``, then job id. A j
 queue that is not fair takes ``id * TURN_SCALE``: the id order, as before fairness. A job of
 a fair queue (``DJANGO_JOBS["fair_queues"]``, docs/fairness.md) takes a virtual start time
 (start-time fair queuing): its group (queue, priority, fair key) was last given turn ``L``
-and the queue's head, the lowest turn ready at that priority, is ``H``; its jobs take
-``max(L, H) + step``, ``+ 2 * step``, ... with ``step = TURN_SCALE / weight``. A group with a
-backlog is thus behind every group with fewer jobs waiting, one turn per job, and a group
-that was idle starts at the head: no credit for the time it had nothing waiting.
+and the queue's head, the lowest turn ready at that priority, is ``H``; while the job of turn
+``L`` still waits, its next jobs take ``max(H, L + step)``, then a step apart, with ``step =
+TURN_SCALE / weight``; once nothing of the group waits they start at ``H``, and at a level
+with nothing ready, at the first job's own place. A group with a backlog is thus behind every
+group with fewer jobs waiting, one turn per job, and a group that was idle starts at the
+head: no credit for the time it had nothing waiting, and no debt for turns it ran ahead of
+the others while it ran alone.
 
 The group's ``L`` is its ``FairTurn`` row, locked for the write, in ascending group order,
 after every semaphore the transaction takes (docs/design.md section 4): two transactions
@@ -97,21 +100,30 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
         level = group[:2]
         head = heads[level]
         stamp = stamps[group]
-        step = step_of(members[0].fair_weight)  # the start's, at an idle level
-        start = head if head is not None else first_fifo[level] - step
         last = stamp.last_turn
-        base: int | None = start
-        if last is not None and is_sane(last, start):
-            # With nothing ready at its level the queue is idle: every group starts anew.
-            base = max(start, last) if head is not None else start
-        elif group not in created:
+        if group not in created and (
+            last is None or not is_sane(last, first_fifo[level] if head is None else head)
+        ):
             warn_of_stamp(members[0], last)
-            base = None
-        turn = 0 if base is None else base
-        for job in members:
-            # Each job's own weight: a call's using(fair_weight=...) moves its own steps.
-            turn = fifo_turn(job.pk) if base is None else turn + step_of(job.fair_weight)
-            turns[job.pk] = turn
+            for job in members:
+                turn = turns[job.pk] = fifo_turn(job.pk)
+        else:
+            if head is None:
+                # Nothing ready at its level, the queue is idle: every group starts anew,
+                # those of one call from its first job's place, interleaved.
+                turn = first_fifo[level]
+            elif last is not None and still_waiting(db, level, last):
+                # Its last job still waits: its next one comes a step after it.
+                turn = max(head, last + step_of(members[0].fair_weight))
+            else:
+                # Nothing of it waits (the last turn may be far ahead, given while it ran
+                # alone before an idle spell: not a debt): it starts at the head.
+                turn = head
+            turns[members[0].pk] = turn
+            for job in members[1:]:
+                # Each job's own weight: a call's using(fair_weight=...) moves its own steps.
+                turn += step_of(job.fair_weight)
+                turns[job.pk] = turn
         stamp.last_turn = turn
         stamp.updated_at = now
         changed.append(stamp)
@@ -132,6 +144,20 @@ def warn_of_stamp(job: Job, last: object = "not one an enqueue writes") -> None:
 
 def is_sane(last: int, start: int) -> bool:
     return 0 <= last <= LARGEST_TURN and last - start <= MAX_LEAD
+
+
+def still_waiting(db: str, level: tuple[str, int], last: int) -> bool:
+    """Whether a job of ``last``'s turn still waits at ``level``: the group's last job, whose
+    turn is its stamp (another group's job may share it, and then the group is treated as
+    waiting: it steps after that turn, as it would after its own). Read after the stamp's
+    lock, by a statement of its own: at READ COMMITTED it sees the ready row of an enqueue
+    of the group that held the lock before. One row read from ``jobs_ready_poll``."""
+    queue, priority = level
+    return (
+        ReadyExecution.objects.using(db)
+        .filter(queue_name=queue, priority=priority, turn=last)
+        .exists()
+    )
 
 
 def queue_head(db: str, queue: str, priority: int) -> int | None:

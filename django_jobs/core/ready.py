@@ -221,7 +221,28 @@ def plain_pick(db: str, condition: Q, order: tuple[str, ...], want: int) -> tupl
     (yappi). Compiled inside the caller's transaction, as a locking read must be."""
     paused = Pause.objects.using(db).values_list("queue_name", flat=True)
     query = ready_rows(db, condition, paused, order, want).query
-    return query.get_compiler(using=db).as_sql()
+    sql, params = query.get_compiler(using=db).as_sql()
+    if features(db).locks_every_row_read and is_lane_alone(condition):
+        # A lane's claim of every queue, read by its own index whatever the statistics
+        # say: InnoDB, left to choose on a ready table of a few rows, read it whole and
+        # sorted it, locking every row of both kinds until the commit, so that the other
+        # lane's claim meanwhile found none free (tests/test_lanes.py, the two lanes at once).
+        sql = ops(db).read_through_index(sql, ReadyExecution._meta.db_table, LANE_INDEX)
+    return sql, params
+
+
+# ReadyExecution's index of a lane's rows in claim order (led by the flag on InnoDB).
+LANE_INDEX = "jobs_ready_async"
+
+
+def is_lane_alone(condition: Q) -> bool:
+    """Whether ``condition`` is a lane's and nothing else (a claim of every queue)."""
+    return (
+        not condition.negated
+        and len(condition.children) == 1
+        and isinstance(condition.children[0], tuple)
+        and condition.children[0][0] == "is_async"
+    )
 
 
 def ready_rows(

@@ -626,6 +626,11 @@ class Operations:
         having done nothing, where it has none."""
         return None
 
+    def read_through_index(self, sql: str, table: str, index: str) -> str:
+        """``sql`` (a SELECT from ``table``) reading ``table`` through ``index`` where the
+        database takes such a hint (MySQL/MariaDB); elsewhere ``sql`` as it is."""
+        return sql
+
     def enqueue_ready(self, db: str, job: Job) -> bool:
         """Insert one job that is ready at once with nothing to lock or check, and its
         ready row, in one round trip, where the database has a way (MySQL/MariaDB: a

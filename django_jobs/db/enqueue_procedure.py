@@ -30,6 +30,13 @@ from django.db import migrations
 from django.db.migrations.operations.base import Operation
 
 from django_jobs.db.procedures import NOT_ALLOWED, install_procedure, remove_procedure  # noqa: F401
+from django_jobs.limits import MAX_FAIR_WEIGHT, MIN_FAIR_WEIGHT
+
+# core.fairness's constants, written here as numbers: a migration's SQL must not import the
+# models (core.fairness does).
+TURN_SCALE = 65536
+LARGEST_TURN = 2**62
+MAX_LEAD = 2**56
 
 PROCEDURE = "django_jobs_enqueue_ready"
 SAVEPOINT = "django_jobs_enqueue"
@@ -112,6 +119,9 @@ def procedure_sql(apps, schema_editor) -> str:
     computed = computed_ready_columns(apps, schema_editor)
     ready_names = ", ".join([*READY_COLUMNS, *later, *(quote(name) for name in computed)])
     later_values = "".join(f", p_{name}" for name in later)
+    if "turn" in computed and "fair_key" in dict_of(found):
+        # Since 0024: the job of a fair queue is stamped here too.
+        return fair_procedure_sql(apps, schema_editor, params, names, values, ready_names)
     later_values += "".join(f", {value}" for value in computed.values())
     return f"""
 CREATE PROCEDURE {PROCEDURE}(
@@ -130,6 +140,78 @@ BEGIN
     VALUES (LAST_INSERT_ID(), p_queue_name, p_priority, NULL, p_enqueued_at{later_values});
   IF own_transaction THEN COMMIT; ELSE RELEASE SAVEPOINT {SAVEPOINT}; END IF;
   SELECT LAST_INSERT_ID();
+END
+"""
+
+
+def fair_procedure_sql(
+    apps, schema_editor, params: str, names: str, values: str, ready_names: str
+) -> str:
+    """The procedure since migration 0024: a job of a fair queue (``p_fair_key`` set) is
+    stamped as ``core.fairness.ready_turns`` stamps it, under its group's ``FairTurn`` row,
+    locked by an upsert and read by a locking read (the latest committed version); any other
+    job takes its FIFO turn. Returns the new id and whether the group's stamp was one no
+    enqueue writes (the caller logs it; the turn is then the FIFO one).
+
+    A row the upsert has just made holds -1 until this call writes its turn (a committed
+    stamp never does), which is how the call tells a new group from a row set to NULL by
+    hand: affected-row counts cannot tell, with Django's ``CLIENT.FOUND_ROWS``."""
+    quote = schema_editor.quote_name
+    job = quote(apps.get_model("django_jobs", "Job")._meta.db_table)
+    ready = quote(apps.get_model("django_jobs", "ReadyExecution")._meta.db_table)
+    fair = quote(apps.get_model("django_jobs", "FairTurn")._meta.db_table)
+    group = "queue_name = p_queue_name AND priority = p_priority AND fair_key = p_fair_key"
+    return f"""
+CREATE PROCEDURE {PROCEDURE}(
+  IN own_transaction BOOLEAN,
+  {params}
+)
+BEGIN
+  DECLARE new_id BIGINT;
+  DECLARE head_ BIGINT DEFAULT NULL;
+  DECLARE prior_ BIGINT DEFAULT NULL;
+  DECLARE turn_ BIGINT;
+  DECLARE step_ BIGINT;
+  DECLARE insane_ BOOLEAN DEFAULT FALSE;
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION
+  BEGIN
+    IF own_transaction THEN ROLLBACK; ELSE ROLLBACK TO SAVEPOINT {SAVEPOINT}; END IF;
+    RESIGNAL;
+  END;
+  IF own_transaction THEN START TRANSACTION; ELSE SAVEPOINT {SAVEPOINT}; END IF;
+  INSERT INTO {job} ({names}) VALUES ({values});
+  SET new_id = LAST_INSERT_ID();
+  SET turn_ = new_id * {TURN_SCALE};
+  IF p_fair_key IS NOT NULL THEN
+    SET step_ = GREATEST(1, ROUND({TURN_SCALE} / LEAST(GREATEST(
+      COALESCE(p_fair_weight, 1), {MIN_FAIR_WEIGHT}), {MAX_FAIR_WEIGHT})));
+    SELECT MIN(turn) INTO head_ FROM {ready}
+      WHERE queue_name = p_queue_name AND priority = p_priority;
+    INSERT INTO {fair} (queue_name, priority, fair_key, last_turn, updated_at)
+      VALUES (p_queue_name, p_priority, p_fair_key, -1, p_enqueued_at)
+      ON DUPLICATE KEY UPDATE updated_at = VALUES(updated_at);
+    SELECT last_turn INTO prior_ FROM {fair} WHERE {group} FOR UPDATE;
+    IF prior_ = -1 THEN
+      SET prior_ = NULL;
+    ELSEIF prior_ IS NULL OR prior_ < 0 OR prior_ > {LARGEST_TURN}
+        OR prior_ - COALESCE(head_, turn_) > {MAX_LEAD} THEN
+      SET insane_ = TRUE;
+    END IF;
+    IF head_ IS NOT NULL AND NOT insane_ THEN
+      -- A step after the group's last job while that one still waits, else the head.
+      IF prior_ IS NOT NULL AND EXISTS (SELECT 1 FROM {ready} WHERE queue_name = p_queue_name
+          AND priority = p_priority AND turn = prior_) THEN
+        SET turn_ = GREATEST(head_, prior_ + step_);
+      ELSE
+        SET turn_ = head_;
+      END IF;
+    END IF;
+    UPDATE {fair} SET last_turn = turn_ WHERE {group};
+  END IF;
+  INSERT INTO {ready} ({ready_names})
+    VALUES (new_id, p_queue_name, p_priority, NULL, p_enqueued_at, p_is_async, turn_);
+  IF own_transaction THEN COMMIT; ELSE RELEASE SAVEPOINT {SAVEPOINT}; END IF;
+  SELECT new_id, insane_;
 END
 """
 

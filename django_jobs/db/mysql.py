@@ -127,12 +127,20 @@ class Operations(base.Operations):
     ) -> int:
         return self.delete_where(db, model, "job_id", job_ids)
 
+    def read_through_index(self, sql: str, table: str, index: str) -> str:
+        """``FORCE INDEX`` after the table's one ``FROM``."""
+        quoted = f"FROM `{table}`"
+        if sql.count(quoted) != 1:
+            return sql
+        return sql.replace(quoted, f"{quoted} FORCE INDEX (`{index}`)")
+
     def enqueue_ready(self, db: str, job: Job) -> bool:
-        """Insert ``job`` (ready, no key, not unique) and its ready row with one ``CALL``
-        (migration 0013): one round trip where START TRANSACTION, two INSERTs and COMMIT
-        take four. In the caller's transaction (``atomic()``, or autocommit off) it
-        writes under a savepoint of its own, rolled back on error, so a failed enqueue
-        leaves neither row behind and the caller's transaction usable.
+        """Insert ``job`` (ready, no key, not unique; of a fair queue too, stamped, since
+        migration 0024) and its ready row with one ``CALL`` (migration 0013): one round
+        trip where START TRANSACTION, two INSERTs and COMMIT take four. In the caller's
+        transaction (``atomic()``, or autocommit off) it writes under a savepoint of its
+        own, rolled back on error, so a failed enqueue leaves neither row behind and the
+        caller's transaction usable.
 
         Returns False, having written nothing, where the procedure is missing (not
         migrated, or the database user may not create routines) or does not take a
@@ -162,9 +170,16 @@ class Operations(base.Operations):
         )
         if result is None:
             return False
-        job.pk = result[1][0][0]
+        row = result[1][0]
+        job.pk = row[0]
         job._state.adding = False
         job._state.db = db
+        if len(row) > 1 and row[1] and job.fair_key is not None:
+            # Since 0024 the procedure stamps a fair queue's job, and says when the group's
+            # stamp was one no enqueue writes (core.fairness).
+            from django_jobs.core.fairness import warn_of_stamp
+
+            warn_of_stamp(job)
         return True
 
     def claim_ready(

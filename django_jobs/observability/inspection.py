@@ -803,7 +803,8 @@ def fair_groups(
       Past ``sample`` the counts are of the queue's next jobs, those the claims take next,
       and ``ready_capped`` says so;
     - once for all the queues, the recent starts (:func:`recent_starts`): at most
-      ``starts`` running jobs of the queues, through ``jobs_job_queue_status``, and the
+      ``starts`` running jobs of the queues, through an index led by the status (or
+      ``jobs_job_queue_status``): the jobs running now, as many as the workers run; and the
       latest ``starts`` jobs to reach each outcome within ``FAIR_STARTS_WINDOW``, each a
       backward range of ``jobs_job_status_finished`` with a ``LIMIT``: ``4 * starts`` rows
       at most (0 reads with ``starts=0``);
@@ -864,7 +865,9 @@ def recent_starts(db: str, queues: Sequence[str], now: datetime, limit: int) -> 
     entries and look-ups, whatever the history) and those of ``queues`` kept in Python.
     Where a read was cut (``limit`` rows), the window starts after its last row for every
     outcome alike, so that no outcome is counted over a longer time than another. The
-    running jobs are read through ``(queue_name, status)``, at most ``limit`` of them. A
+    running jobs are read through an index of their status (PostgreSQL and MariaDB chose
+    ``(status, ...)``, SQLite ``(queue_name, status)``): the jobs running now, a number the
+    workers' threads bound, and at most ``limit`` of them. A
     job that finished without starting (discarded while it waited) is no start; a job
     retried after a failed attempt is counted when it ends."""
     window_start = now - FAIR_STARTS_WINDOW

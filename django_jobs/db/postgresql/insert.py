@@ -234,12 +234,19 @@ def with_fair_ready_row(db: str, fields: list[models.Field], row: str, notifies:
         f"AND r.priority = n.priority) AS head FROM new_jobs AS n), "
         f"stamped AS (INSERT INTO {fair} AS f (queue_name, priority, fair_key, last_turn, "
         f"updated_at) SELECT queue_name, priority, fair_key, "
-        f"CASE WHEN head IS NULL THEN fifo ELSE head + step END, enqueued_at FROM level "
+        f"COALESCE(head, fifo), enqueued_at FROM level "
         f"ON CONFLICT (queue_name, priority, fair_key) DO UPDATE SET last_turn = "
         f"(SELECT CASE WHEN level.head IS NULL THEN level.fifo "
         f"WHEN f.last_turn IS NULL OR f.last_turn < 0 OR f.last_turn > {LARGEST_TURN} "
         f"OR f.last_turn - level.head > {MAX_LEAD} THEN level.fifo "
-        f"ELSE GREATEST(f.last_turn, level.head) + level.step END FROM level), "
+        # The group's last job still waits (core.fairness.still_waiting), or the stamp
+        # was written after this statement's snapshot, whose ready rows cannot show that
+        # enqueue's job: a step after it. Else nothing of the group waits: the head.
+        f"WHEN EXISTS (SELECT 1 FROM {ready} AS w WHERE w.queue_name = level.queue_name "
+        f"AND w.priority = level.priority AND w.turn = f.last_turn) "
+        f"OR f.last_turn IS DISTINCT FROM (SELECT s.last_turn FROM {fair} AS s "
+        f"WHERE s.id = f.id) THEN GREATEST(level.head, f.last_turn + level.step) "
+        f"ELSE level.head END FROM level), "
         f"updated_at = EXCLUDED.updated_at RETURNING f.last_turn), "
         f"new_ready AS (INSERT INTO {ready} (job_id, queue_name, priority, concurrency_key, "
         f"created_at, is_async, turn) SELECT level.id, level.queue_name, level.priority, NULL, "
