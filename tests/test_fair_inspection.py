@@ -30,6 +30,7 @@ from django.utils import timezone
 from django_jobs import bulk_enqueue
 from django_jobs.conf import JobsSettings
 from django_jobs.core.claimed import finish_job
+from django_jobs.core.fairness import TURN_SCALE
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.ready import claim_jobs
@@ -198,9 +199,15 @@ def test_turns_queued_say_how_far_back_each_groups_newest_job_stands(fair):
     enqueue("B", 2)
     found = groups()
     queued = {g.key: g.turns_queued for g in found.groups}
-    # A's ten jobs into an idle queue: the head is A's first, its newest 9 turns back. B's
-    # two start at the head: its newest 2 turns back.
-    assert queued == {"A": 9.0, "B": 2.0}
+    # Each group's stamp is its newest ready job's turn: how far that job stands behind the
+    # lowest turn ready (whatever turns the rule gives, core/fairness.py).
+    turns = list(ReadyExecution.objects.values_list("job__fair_key", "turn"))
+    head = min(turn for _, turn in turns)
+    newest = {key: max(turn for k, turn in turns if k == key) for key in ("A", "B")}
+    assert queued == {key: (newest[key] - head) / TURN_SCALE for key in ("A", "B")}
+    # A's ten jobs, a turn apart: its newest stands 9 turns behind its first, the head.
+    assert queued["A"] == 9.0 and queued["A"] > queued["B"] >= 1.0
+    assert found.head_turn == head
     assert all(g.turns_queued is None for g in groups(stamps=False).groups)
 
 
@@ -244,8 +251,8 @@ def test_the_reads_cost_the_same_for_5_keys_and_for_200(fair, worker):
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's plan")
 def test_the_ready_rows_are_one_range_of_the_claims_index_with_a_limit(fair):
-    enqueue_groups({f"t{n}": 2 for n in range(100)})
-    bulk_enqueue([(plain_default, (n,), {}) for n in range(2000)])  # another queue's backlog
+    enqueue_groups({f"t{n}": 20 for n in range(25)})
+    bulk_enqueue([(plain_default, (n,), {}) for n in range(5000)])  # another queue's backlog
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE django_jobs_readyexecution")
         cursor.execute("ANALYZE django_jobs_job")
@@ -332,10 +339,12 @@ def test_the_command_lists_each_fair_queues_groups(fair, worker):
     assert "Fair queues (the groups with the most ready jobs)" in out
     assert "reports: 9 ready, 4 groups; 4 recent starts: running, or finished since" in out
     lines = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
-    found = groups()
-    acme = found.groups[0]
-    assert acme.key == "acme" and acme.starts == 2
-    assert lines["acme"][1:4] == ["3", "2", "50.0%"]
+    started = Counter(
+        Job.objects.filter(status__in=["running", "succeeded"]).values_list("fair_key", flat=True)
+    )
+    acme = groups().groups[0]
+    assert acme.key == "acme" and acme.ready == 5 - started["acme"]
+    assert lines["acme"][1:4] == [str(acme.ready), str(started["acme"]), f"{acme.share:.1%}"]
     # A key's control characters are escaped: no forged line, no escape sequence.
     assert "\x1b" not in out and "\nforged" not in out and "evil\\x1b[2J\\nforged" in out
 
@@ -424,3 +433,14 @@ def test_metrics_have_no_fair_series_when_no_queue_is_fair(scrape):
     unkeyed_report.enqueue(1)
     samples = scrape()
     assert not [name for name in samples if name.startswith("django_jobs_fair_")]
+
+
+@pytest.mark.parametrize("value", [-1, True, "10", 2.5])
+def test_a_wrong_top_fair_keys_is_an_error_naming_it(settings, value):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_jobs.metrics.conf import MetricsSettings
+
+    settings.DJANGO_JOBS_METRICS = {"top_fair_keys": value}
+    with pytest.raises(ImproperlyConfigured, match="top_fair_keys"):
+        MetricsSettings.load()
