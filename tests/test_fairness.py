@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import QuerySet
 from django.test import override_settings
 
 from django_jobs import bulk_enqueue
@@ -252,14 +251,13 @@ def test_two_enqueues_of_one_group_at_once_take_two_turns(fair, way):
 @needs_row_locks
 @pytest.mark.django_db(transaction=True)
 def test_unprotected_two_enqueues_of_one_group_share_a_turn(fair, monkeypatch):
-    """The twin of the ORM's path: the stamp read without its lock, both enqueues read the
-    same last turn and give their jobs the same one."""
-    original = QuerySet.select_for_update
+    """The twin of the ORM's path: the stamp read without the upsert that locks it, both
+    enqueues read the same last turn and give their jobs the same one."""
 
-    def unlocked(self, *args, **kwargs):
-        return self if self.model is FairTurn else original(self, *args, **kwargs)
+    def unlocked(db: str, groups: list) -> tuple[dict, set]:
+        return fairness.read_stamps(db, groups), set()
 
-    monkeypatch.setattr(QuerySet, "select_for_update", unlocked)
+    monkeypatch.setattr(fairness, "lock_stamps", unlocked)
     first, second = race_two_enqueues_of_one_group("bulk")
     assert set(first) & set(second)
 

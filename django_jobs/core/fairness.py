@@ -172,33 +172,65 @@ def queue_head(db: str, queue: str, priority: int) -> int | None:
     )
 
 
+# The last turn of a stamp row an enqueue has just made and not yet written (a committed
+# row never holds it): how a new group is told from a row set to NULL by hand.
+UNSTAMPED = -1
+
+
 def lock_stamps(db: str, groups: list[Group]) -> tuple[dict[Group, FairTurn], set[Group]]:
-    """Lock the ``FairTurn`` rows of ``groups`` (ascending) one after another, making the
-    missing ones first (conflict-safely and exclusively locked at once, as
-    ``admission.lock_semaphore`` makes a semaphore); the rows, and the groups made here."""
-    rows = FairTurn.objects.using(db).select_for_update()
-    found: dict[Group, FairTurn] = {}
-    created: set[Group] = set()
-    for group in groups:
-        queue, priority, key = group
-        row = rows.filter(queue_name=queue, priority=priority, fair_key=key).first()
-        if row is None:
-            supports = connections[db].features
-            FairTurn.objects.using(db).bulk_create(
-                [FairTurn(queue_name=queue, priority=priority, fair_key=key)],
-                update_conflicts=True,
-                update_fields=["queue_name"],
-                unique_fields=(
-                    ["queue_name", "priority", "fair_key"]
-                    if supports.supports_update_conflicts_with_target
-                    else None
-                ),
+    """Lock the ``FairTurn`` rows of ``groups`` (given in ascending order), making the
+    missing ones; the rows, read after the locks (their latest turns), and the groups made
+    here.
+
+    One upsert of every group in that order (``INSERT ... ON CONFLICT DO UPDATE``, or ``ON
+    DUPLICATE KEY UPDATE``) makes a missing row and locks an existing one exclusively, row
+    after row, as a semaphore is made (``admission.lock_semaphore``): two enqueues lock
+    their common groups in one order, and a bulk of 1,000 tenants takes two statements, not
+    a locking read per tenant. A row made here holds :data:`UNSTAMPED` until
+    :func:`ready_turns` writes its turn."""
+    now = timezone.now()
+    supports = connections[db].features
+    FairTurn.objects.using(db).bulk_create(
+        [
+            FairTurn(
+                queue_name=queue,
+                priority=priority,
+                fair_key=key,
+                last_turn=UNSTAMPED,
+                updated_at=now,
             )
-            row = rows.get(queue_name=queue, priority=priority, fair_key=key)
-            if row.last_turn is None:
-                created.add(group)
-        found[group] = row
+            for queue, priority, key in groups
+        ],
+        update_conflicts=True,
+        update_fields=["updated_at"],
+        unique_fields=(
+            ["queue_name", "priority", "fair_key"]
+            if supports.supports_update_conflicts_with_target
+            else None
+        ),
+    )
+    found = read_stamps(db, groups)
+    created = {group for group, row in found.items() if row.last_turn == UNSTAMPED}
+    for group in created:
+        found[group].last_turn = None
     return found, created
+
+
+def read_stamps(db: str, groups: list[Group]) -> dict[Group, FairTurn]:
+    """The ``FairTurn`` rows of ``groups``: one read per (queue, priority) level."""
+    by_level: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for queue, priority, key in groups:
+        by_level[(queue, priority)].append(key)
+    wanted = set(groups)
+    found: dict[Group, FairTurn] = {}
+    for (queue, priority), keys in by_level.items():
+        rows = FairTurn.objects.using(db).filter(
+            queue_name=queue, priority=priority, fair_key__in=keys
+        )
+        for row in rows:
+            if row_group(row) in wanted:
+                found[row_group(row)] = row
+    return found
 
 
 def row_group(row: FairTurn) -> Group:
