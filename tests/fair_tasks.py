@@ -52,3 +52,15 @@ def plain_default(n: int = 0) -> int:
 def capped_report(tenant_id: Any) -> Any:
     """A fair key that is also a concurrency key (limit 1)."""
     return tenant_id
+
+
+@task(queue_name="reports", fair_key="{tenant_id}", unique_key="{tenant_id}-{n}")
+def unique_report(tenant_id: Any, n: int) -> int:
+    """A fair key with a unique key."""
+    return n
+
+
+@task(queue_name="reports", fair_key="{tenant_id}", rate_limit="1000/s")
+def rated_report(tenant_id: Any) -> Any:
+    """A fair key with a rate limit (one its jobs never reach)."""
+    return tenant_id

@@ -308,3 +308,68 @@ def test_the_queues_head_is_one_index_read(fair):
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "jobs_ready_poll" in plan and "Sort" not in plan, plan
     assert fairness.queue_head(DB, "reports", 0) is not None
+
+
+# --- the other options compose with it ----------------------------------------------------
+
+
+def assert_takes_turns_with_a_backlog(worker, late: list[int]) -> None:
+    """``late``, the jobs of group B enqueued after A's backlog of 20 (in the test), start
+    among the first few, not after all of A's."""
+    order: list[int] = []
+    for _ in range(2 * len(late) + 2):
+        order += [job.pk for job in claim_jobs(DB, worker.pk, REPORTS, 1)]
+    assert set(late) <= set(order), (late, order)  # FIFO would start them after 20 of A's
+
+
+@pytest.mark.django_db
+def test_a_workflows_dependent_is_stamped_when_its_parent_ends(fair, worker):
+    from django_jobs import workflow
+
+    enqueue_many("A", 20)
+    with workflow() as wf:
+        parent = wf.add(tenant_report, "B")
+        child = wf.add(tenant_report, "B", after=[parent])
+    parent_id, child_id = int(parent.result.id), int(child.result.id)
+    assert Job.objects.get(pk=child_id).fair_key == "B"
+    order = []
+    while parent_id not in order:
+        (job,) = claim_jobs(DB, worker.pk, REPORTS, 1)
+        order.append(job.pk)
+    assert len(order) <= 3, order  # B's parent took the head's turn
+    assert start_job(DB, job, worker.pk, worker.name)
+    assert finish_job(DB, parent_id, worker.pk, None)
+    # Released by its parent's end, the dependent is made ready with a turn of its group's.
+    assert turn_of(child_id) < max(ReadyExecution.objects.values_list("turn", flat=True))
+    assert_takes_turns_with_a_backlog(worker, [child_id])
+
+
+@pytest.mark.django_db
+def test_a_batchs_items_take_turns_with_a_backlog(fair, worker):
+    from django_jobs import enqueue_batch
+
+    enqueue_many("A", 20)
+    made = enqueue_batch([(tenant_report, ["B"], {}) for _ in range(3)])
+    items = [int(result.id) for result in made.results]
+    assert set(Job.objects.filter(pk__in=items).values_list("fair_key", flat=True)) == {"B"}
+    assert_takes_turns_with_a_backlog(worker, items)
+
+
+@pytest.mark.django_db
+def test_a_unique_and_fair_job_takes_turns_and_stays_unique(fair, worker):
+    from tests.fair_tasks import unique_report
+
+    enqueue_many("A", 20)
+    first = int(unique_report.enqueue("B", 1).id)
+    again = int(unique_report.enqueue("B", 1).id)
+    assert again == first  # the holder's result: one job per unique key
+    assert_takes_turns_with_a_backlog(worker, [first])
+
+
+@pytest.mark.django_db
+def test_a_rate_limited_fair_job_takes_turns(fair, worker):
+    from tests.fair_tasks import rated_report
+
+    enqueue_many("A", 20)
+    late = [int(rated_report.enqueue("B").id) for _ in range(2)]
+    assert_takes_turns_with_a_backlog(worker, late)
