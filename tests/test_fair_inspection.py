@@ -444,3 +444,22 @@ def test_a_wrong_top_fair_keys_is_an_error_naming_it(settings, value):
     settings.DJANGO_JOBS_METRICS = {"top_fair_keys": value}
     with pytest.raises(ImproperlyConfigured, match="top_fair_keys"):
         MetricsSettings.load()
+
+
+@pytest.mark.django_db
+def test_a_jobs_page_names_its_fair_group_and_weight(fair, admin_client):
+    from tests.fair_tasks import plain_default, unkeyed_report
+
+    pages = {}
+    for name, result in (
+        ("keyed", tenant_report.using(fair_weight=2.5).enqueue("<acme>")),
+        ("unkeyed", unkeyed_report.enqueue()),
+        ("unfair", plain_default.enqueue()),
+    ):
+        url = reverse("admin:django_jobs_job_change", args=[int(result.id)])
+        pages[name] = admin_client.get(url).content.decode()
+    assert (
+        "Fair group" in pages["keyed"] and "<code>&lt;acme&gt;</code>, weight 2.5" in pages["keyed"]
+    )
+    assert "the jobs of no key, weight 1" in pages["unkeyed"]
+    assert "Fair group" not in pages["unfair"]

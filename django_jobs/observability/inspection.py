@@ -867,9 +867,9 @@ def recent_starts(db: str, queues: Sequence[str], now: datetime, limit: int) -> 
     outcome alike, so that no outcome is counted over a longer time than another. The
     running jobs are read through an index of their status (PostgreSQL and MariaDB chose
     ``(status, ...)``, SQLite ``(queue_name, status)``): the jobs running now, a number the
-    workers' threads bound, and at most ``limit`` of them. A
-    job that finished without starting (discarded while it waited) is no start; a job
-    retried after a failed attempt is counted when it ends."""
+    workers' threads bound, and at most ``limit`` of them. A job that finished without
+    starting (discarded while it waited) is no start; a job retried after a failed attempt
+    is counted when it ends."""
     window_start = now - FAIR_STARTS_WINDOW
     counts: dict[str, Counter[str | None]] = {queue: Counter() for queue in queues}
     if limit <= 0:
