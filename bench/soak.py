@@ -2,7 +2,7 @@
 
     python bench/soak.py --db postgres|mariadb|sqlite --duration SECONDS
                          [--processes P] [--threads T] [--seed N] [--rate R]
-                         [--json PATH] [--keep-logs] [--restart-db]
+                         [--json PATH] [--keep-logs] [--restart-db] [--unfair]
 
 Run from the repository root (Linux: worker processes are found in /proc). The
 database is ``--db``'s (``jobs_soak`` on 127.0.0.1, or /tmp/jobs_soak.sqlite3),
@@ -14,24 +14,38 @@ plain jobs, keyed jobs (limits 1-3), rate-limited jobs, unique jobs, batches
 with an on_finish callback, jobs it cancels (waiting and running), jobs that
 time out, jobs that snooze, and hostile jobs (a NUL in a return value or an
 error message, a return value nested 40 deep or of 2 MB, an exception whose
-``__str__`` raises), each followed by a canary job; a recurring task ticks every
-second. Meanwhile it injects faults, in shuffled rounds: SIGKILL a worker
-process, SIGKILL a supervisor (and start a new ``run_jobs``), terminate every
-connection of the soak's database but the driver's own (PostgreSQL, MariaDB)
-and, only with ``--restart-db``, restart the database server (never in CI: the
-servers are shared).
+``__str__`` raises), each followed by a canary job, and the jobs of five
+tenants in a fair queue (docs/fairness.md): a heavy one's bulk backlogs, a
+weighted one's bursts, light ones' few jobs, some sent into each backlog; a
+recurring task ticks every second. Meanwhile it injects faults, in shuffled
+rounds: SIGKILL a worker process, SIGKILL a supervisor (and start a new
+``run_jobs``), terminate every connection of the soak's database but the
+driver's own (PostgreSQL, MariaDB) and, only with ``--restart-db``, restart the
+database server (never in CI: the servers are shared).
 
 Then it stops the workers gracefully, lets a clean ``run_jobs`` drain what is
 left and recovery settle dead processes' claims, and audits from the records
 each job body wrote (job id, attempt, start and end times) joined with the
 job rows. It prints one line per figure with its bound and exits 1 if any
 figure is over it (2 if the run itself failed).
+
+The fair queue's share audit (``share_excesses``): over each fair job's wait,
+from its enqueue's commit to its first claim, no other tenant may have been
+claimed more than its share, ``w_i * (S_g + 1) / w_g + 1`` claims (the rule's
+bound, ``S_g`` the claims of the job's own tenant ahead of it), plus a
+tolerance of 2 x processes x threads claims. The run and its workers declare
+the fair queue in settings of their own (``soak_settings``,
+``worker_settings``). ``--unfair`` runs the audit's twin: the same queue, left
+out of ``fair_queues``, its jobs given no key, so in FIFO order; the audit must
+then count violations (and the run exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
+import math
 import os
 import random
 import shutil
@@ -87,6 +101,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also restart the database server as a fault (PostgreSQL, MariaDB); only when "
         "nothing else uses the server",
     )
+    parser.add_argument(
+        "--unfair",
+        action="store_true",
+        help="the share audit's twin: the fair kind's queue is not fair and its jobs have no "
+        "key (FIFO order); the audit must report violations",
+    )
     return parser.parse_args(argv)
 
 
@@ -104,12 +124,14 @@ if __name__ == "__main__":
 
     django.setup()
 
+from django.conf import settings  # noqa: E402
 from django.db import DatabaseError, connection  # noqa: E402
+from django.test import override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 import django_jobs  # noqa: E402
 from bench import soak_tasks as tasks  # noqa: E402
-from django_jobs import enqueue_batch  # noqa: E402
+from django_jobs import bulk_enqueue, enqueue_batch  # noqa: E402
 from django_jobs.exceptions import JobAlreadyFinished  # noqa: E402
 from django_jobs.models import (  # noqa: E402
     FINISHED_STATUSES,
@@ -173,6 +195,7 @@ MIX = {
     "timeout": 2,
     "snooze": 3,
     "hostile": 2,
+    "fair": 6,
 }
 KEYS = {f"k{i}": 1 + i % 3 for i in range(6)}  # concurrency key -> limit (1-3)
 ACCOUNTS = ("acct-a", "acct-b")  # rate keys
@@ -187,7 +210,32 @@ MUST_SUCCEED = {
     "tick",
     "snooze",
     "canary",
+    "fair",
 }
+
+# The fair kind: tenants of the fair queue and their weights. "bulk" enqueues backlogs of
+# hundreds, "vip" (three turns for bulk's one) bursts of tens, the light ones a few jobs at a
+# time, some of them sent into each bulk backlog (FAIR_FOLLOW_UPS, within FAIR_FOLLOW_UP_DELAY
+# seconds) so that every run has light jobs waiting beside a backlog.
+FAIR_QUEUE = tasks.FAIR_QUEUE
+TENANTS = {"bulk": 1.0, "vip": 3.0, "light-a": 1.0, "light-b": 2.0, "light-c": 0.5}
+HEAVY_TENANTS = ("bulk", "vip")
+LIGHT_TENANTS = tuple(t for t in TENANTS if t not in HEAVY_TENANTS)
+# What successive fair actions enqueue, in turn.
+FAIR_CYCLE = ("bulk", "light", "vip", "light", "light", "light")
+BULK_SIZE, VIP_SIZE, LIGHT_SIZE = (150, 300), (20, 60), (1, 3)
+FAIR_FOLLOW_UPS, FAIR_FOLLOW_UP_DELAY = (4, 8), (0.0, 0.8)
+# Seconds after a fault during which it may still re-ready a claimed job at its group's tail
+# (a new turn, at a time no record gives). A job claimed before a kill, a termination or a
+# restart, then recovered or handed back, has the fault itself within its wait; but a killed
+# supervisor's workers go on claiming until they notice it is gone (within a second), and
+# hand back what they claimed but had not started as they stop. A fair job's wait that holds
+# a fault or its reach, or the final stop, is left out of the share audit.
+FAULT_REACH = {"kill_supervisor": 3.0}
+OTHER_FAULTS_REACH = 0.5
+# The settings module of the soak's run_jobs processes (written into its work directory): the
+# test project's, with the fair queue in QUEUES and (but for --unfair) in fair_queues.
+WORKER_SETTINGS = "jobs_soak_settings"
 
 
 KIND_OF_PATH = {
@@ -200,6 +248,8 @@ KIND_OF_PATH = {
     tasks.tick.module_path: "tick",
     tasks.snoozer.module_path: "snooze",
     tasks.canary.module_path: "canary",
+    tasks.fair_work.module_path: "fair",
+    tasks.fifo_work.module_path: "fair",
     tasks.cancellable.module_path: "cancel",
     tasks.overrun.module_path: "timeout",
     **{t.module_path: f"hostile:{name}" for name, t in tasks.HOSTILE.items()},
@@ -216,6 +266,8 @@ class Config:
     fault_every: tuple[float, float] = (3.0, 8.0)
     drain_timeout: float = 180.0
     restart_db: bool = False
+    # The fair kind's queue is fair (False: the share audit's twin, in FIFO order).
+    fair: bool = True
     # Where run_jobs' logs and the jobs' records go.
     work_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="jobs-soak-")))
     # DATABASE_URL for the run_jobs processes: the database the driver is connected to.
@@ -257,6 +309,16 @@ class Report:
             "faults: " + ", ".join(f"{k} {v}" for k, v in sorted(info["faults"].items())),
         ]
         lines += [f"{k}: {info[k]}" for k in ("hostile_outcomes", "notes") if info.get(k)]
+        if info.get("fair_shares"):
+            fair = info["fair_shares"]
+            lines.append(
+                f"fair shares ({'fair queue' if fair['queue_is_fair'] else 'FIFO twin'}): "
+                f"{fair['waits_audited']} waits audited, {fair['contested']} contested, "
+                f"{fair['light_waits']} of light tenants, {fair['light_beside_backlogs']} of "
+                "them beside a backlog longer than its share and the tolerance; left out "
+                f"{fair['left_out_faults']} (a fault within) + {fair['left_out_unseen']} "
+                f"(first start unseen); worst {fair['worst_excess']}"
+            )
         if info.get("enqueue_errors"):
             errors = info["enqueue_errors"]
             lines.append(f"enqueue errors (the driver's): {len(errors)}, first: {errors[0]}")
@@ -321,6 +383,13 @@ class Soak:
         self.fault_error: BaseException | None = None
         self.follow_ups: list[tuple[float, Any]] = []
         self.keyed_tasks = {key: tasks.keyed.using(concurrency_limit=n) for key, n in KEYS.items()}
+        self.fair_enqueued: dict[int, float] = {}  # fair job id -> time.time() after its commit
+        self.fair_actions = 0
+        self.fair_tasks: dict[str, Any] = {}
+        self.stop_began = math.inf  # time.time() when the workers were told to stop
+        self.settings_dir = config.work_dir / "settings"
+        self.settings_dir.mkdir(parents=True, exist_ok=True)
+        (self.settings_dir / f"{WORKER_SETTINGS}.py").write_text(worker_settings(config.fair))
         self.drain_seconds = 0.0
         self.unstopped: list[int] = []  # processes still running STOP_TIMEOUT after SIGTERM
         self.unexpected_exits: list[str] = []  # supervisors that exited without our SIGKILL
@@ -333,6 +402,10 @@ class Soak:
             **WORKER_ENV,
             tasks.AUDIT_DIR_ENV: str(self.audit_dir),
             "JOBS_RECURRING": json.dumps(RECURRING if recurring else {}),
+            "DJANGO_SETTINGS_MODULE": WORKER_SETTINGS,
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(self.settings_dir), os.environ.get("PYTHONPATH")) if p
+            ),
         }
         proc = RunJobs(
             ["--processes", str(self.config.processes), "--threads", str(self.config.threads)],
@@ -386,13 +459,21 @@ class Soak:
                     self.fault_rng.shuffle(pending)
                 self.replace_exited_supervisors()
                 kind = pending.pop()
+                began = time.time()
                 try:
                     detail = getattr(self, kind)()
                 except DatabaseError as exc:  # the server may be restarting
                     detail = f"skipped: {type(exc).__name__}: {exc}".strip()[:200]
                     connection.close()
                 self.faults.append(
-                    {"t": round(time.monotonic() - self.began, 2), "kind": kind, "detail": detail}
+                    {
+                        "t": round(time.monotonic() - self.began, 2),
+                        "kind": kind,
+                        "detail": detail,
+                        # Wall-clock times (the records'), for the share audit.
+                        "began": began,
+                        "ended": time.time(),
+                    }
                 )
                 progress(f"fault at {self.faults[-1]['t']:.1f}s: {kind}: {detail}")
         except BaseException as exc:  # reported by the main thread
@@ -599,6 +680,18 @@ class Soak:
             self.track(tasks.overrun.enqueue(), "timeout")
         elif kind == "snooze":
             self.track(tasks.snoozer.enqueue(rng.randint(1, 2)), "snooze")
+        elif kind == "fair":
+            what = FAIR_CYCLE[self.fair_actions % len(FAIR_CYCLE)]
+            self.fair_actions += 1
+            if what == "bulk":
+                self.enqueue_fair("bulk", rng.randint(*BULK_SIZE), [5, 10, 20])
+                # Light jobs sent into the backlog just made, while it lasts.
+                for _ in range(rng.randint(*FAIR_FOLLOW_UPS)):
+                    self.later(rng.uniform(*FAIR_FOLLOW_UP_DELAY), self.enqueue_light)
+            elif what == "vip":
+                self.enqueue_fair("vip", rng.randint(*VIP_SIZE), [5, 10, 20])
+            else:
+                self.enqueue_light()
         elif kind == "hostile":
             # Round-robin, so that a short run sees every kind.
             names = sorted(tasks.HOSTILE)
@@ -608,6 +701,34 @@ class Soak:
             self.hostile.append((name, hostile_id, canary_id))
         else:
             raise ValueError(kind)
+
+    def fair_task(self, tenant: str) -> Any:
+        """The fair kind's task for ``tenant``: in the fair queue with the tenant's weight,
+        or (the twin) in the same queue, not fair then, without a key or weight."""
+        if tenant not in self.fair_tasks:
+            if self.config.fair:
+                made = tasks.fair_work.using(queue_name=FAIR_QUEUE, fair_weight=TENANTS[tenant])
+            else:
+                made = tasks.fifo_work.using(queue_name=FAIR_QUEUE)
+            self.fair_tasks[tenant] = made
+        return self.fair_tasks[tenant]
+
+    def enqueue_fair(self, tenant: str, count: int, ms: list[int]) -> None:
+        """``count`` jobs of ``tenant``: one ``enqueue()``, or a ``bulk_enqueue()`` of them
+        all (one transaction); the time after the commit is their wait's start."""
+        task = self.fair_task(tenant)
+        calls = [
+            (task, [], {"tenant": tenant, "weight": TENANTS[tenant], "ms": self.rng.choice(ms)})
+            for _ in range(count)
+        ]
+        results = [task.enqueue(**calls[0][2])] if count == 1 else bulk_enqueue(calls)
+        committed = time.time()
+        for result in results:
+            self.fair_enqueued[self.track(result, "fair")] = committed
+
+    def enqueue_light(self) -> None:
+        tenant = self.rng.choice(LIGHT_TENANTS)
+        self.enqueue_fair(tenant, self.rng.randint(*LIGHT_SIZE), [0, 5, 10])
 
     def load(self) -> None:
         kinds = sorted(MIX)
@@ -723,6 +844,7 @@ class Soak:
             if self.fault_error is not None:
                 raise RuntimeError("the fault thread failed") from self.fault_error
             progress("stopping the workers")
+            self.stop_began = time.time()
             self.stop_all()
             progress("final drain")
             final = self.drain()
@@ -750,6 +872,93 @@ class Soak:
                     sup.log.close()
 
     # --- the audit
+
+    def share_audit(
+        self, starts: dict[tuple[int, int], list[dict]], jobs: dict[int, dict], kind_of: dict
+    ) -> dict[str, Any]:
+        """The fair kind's share audit (``share_excesses``) over the waits the records show
+        whole: from the commit of an enqueue the driver saw return to the job's first claim
+        (its first attempt's start, as the claim recorded it), holding no fault, nor its
+        reach, nor the final stop, any of which may have re-readied the job at its group's
+        tail at a time no record gives.
+
+        Tolerance: 2 x processes x threads claims. A claim takes at most ``threads`` jobs
+        (no more than its process's idle threads, ``batch_size`` a cap above that), and a
+        process makes one claim at a time. A claim's time is read before its statement runs,
+        so one timed after the commit of the job's enqueue sees the job: none is out of turn
+        at the wait's start. At its end, every other process's claim in flight beside the
+        job's own may find the job's row locked and take later turns: (processes - 1) x
+        threads. That much again for the workers of a killed supervisor, which go on claiming
+        beside their replacements until they notice (their waits are mostly left out: the
+        fault's reach), and for the order of a claim's jobs, which is not kept (they share
+        its time): the job's own group's jobs in its claim count as ahead of it."""
+        fair_rows = [row for pk, row in jobs.items() if kind_of[pk] == "fair"]
+        group_of = {row["pk"]: row["kwargs"]["tenant"] for row in fair_rows}
+        weights = {row["kwargs"]["tenant"]: float(row["kwargs"]["weight"]) for row in fair_rows}
+        claims: list[tuple[float, int, str]] = []
+        first: dict[int, float] = {}
+        for (job_id, attempt), records in starts.items():
+            if job_id in group_of:
+                record = records[0]
+                at = record["recorded"] if record.get("recorded") is not None else record["t"]
+                claims.append((at, job_id, group_of[job_id]))
+                if attempt == 1:
+                    first[job_id] = at
+        reaches = [
+            (f["began"], f["ended"] + FAULT_REACH.get(f["kind"], OTHER_FAULTS_REACH))
+            for f in self.faults
+        ]
+        reaches.append((self.stop_began, math.inf))
+        waits: dict[int, tuple[str, float, float]] = {}
+        unseen = faulted = 0
+        for job_id, committed in self.fair_enqueued.items():
+            if job_id not in first or job_id not in group_of:
+                unseen += 1  # its first attempt's start unrecorded (killed before it)
+                continue
+            claimed = first[job_id]
+            if any(began <= claimed and committed <= ended for began, ended in reaches):
+                faulted += 1
+                continue
+            waits[job_id] = (group_of[job_id], committed, claimed)
+        tolerance = 2 * self.config.processes * self.config.threads
+        shares = share_excesses(waits, claims, weights)
+        over = sorted(
+            (job_id, waits[job_id][0], share.other, share.claims, round(share.bound, 1))
+            for job_id, share in shares.items()
+            if share.claims > share.bound + tolerance
+        )
+        contested = {job_id for job_id, share in shares.items() if share.contested}
+        light = {job_id: wait for job_id, wait in waits.items() if wait[0] in LIGHT_TENANTS}
+        enqueued = {
+            job_id: (group_of[job_id], at)
+            for job_id, at in self.fair_enqueued.items()
+            if job_id in group_of
+        }
+        protected = beside_backlogs(light, enqueued, first, weights, tolerance)
+        worst = max(shares.items(), key=lambda item: item[1].excess, default=None)
+        return {
+            "queue_is_fair": self.config.fair,
+            "tolerance": tolerance,
+            "waits_audited": len(waits),
+            "contested": len(contested),
+            "light_waits": len(light),
+            "light_beside_backlogs": len(protected),
+            "left_out_faults": faulted,
+            "left_out_unseen": unseen,
+            "worst_excess": (
+                None
+                if worst is None
+                else {
+                    "job": worst[0],
+                    "tenant": waits[worst[0]][0],
+                    "other": worst[1].other,
+                    "claims": worst[1].claims,
+                    "share": round(worst[1].bound, 2),
+                    "excess": round(worst[1].excess, 2),
+                }
+            ),
+            "over": over,
+        }
 
     def stranded(self) -> list[int]:
         """Jobs waiting behind nothing at the end of the drain, its workers idle: ready,
@@ -926,6 +1135,18 @@ class Soak:
                 len(twice) + len(self_overlap),
                 0,
                 f"{twice[:5]} {self_overlap[:5]}",
+            )
+        )
+
+        # Fair shares: over each fair job's wait, no other tenant claimed beyond its share.
+        shares = self.share_audit(starts, jobs, kind_of)
+        figures.append(
+            Figure(
+                "fair waits over their share",
+                len(shares["over"]),
+                0,
+                f"tolerance {shares['tolerance']} claims; (job, its tenant, other tenant, "
+                f"other's claims during the wait, its share): {shares['over'][:5]}",
             )
         )
 
@@ -1157,6 +1378,7 @@ class Soak:
             "enqueue_errors": self.enqueue_errors,
             "cut_record_lines": cut,
             "hostile_outcomes": {k: dict(v) for k, v in sorted(hostile_outcomes.items())},
+            "fair_shares": {k: v for k, v in shares.items() if k != "over"},
             "process_died_attempts": len(died),
             "notes": notes,
             "work_dir": str(self.config.work_dir),
@@ -1167,6 +1389,139 @@ class Soak:
 
 
 # --- arithmetic of the audit -----------------------------------------------------------------
+
+
+@dataclass
+class Share:
+    """The other group that most exceeded its share over one job's wait."""
+
+    other: str  # that group
+    claims: int  # its claims during the wait
+    bound: float  # its share: the most the rule lets it have, without tolerance
+    contested: bool  # another group was claimed at all during the wait
+
+    @property
+    def excess(self) -> float:
+        return self.claims - self.bound
+
+
+def share_excesses(
+    waits: dict[int, tuple[str, float, float]],
+    claims: list[tuple[float, int, str]],
+    weights: dict[str, float],
+) -> dict[int, Share]:
+    """For each job of ``waits`` (job id -> its group, the start of its wait, its first
+    claim), given every claim of every group (time, job id, group: each attempt's), the
+    other group that most exceeded its share over the wait.
+
+    The rule (start-time fair queuing, docs/fairness.md): for two groups that both have jobs
+    ready throughout a run of consecutive claims, ``|S_i/w_i - S_j/w_j| <= 1/w_i + 1/w_j``.
+    Over a job's wait its own group ``g`` has it ready throughout, and a group ``i`` that
+    had nothing ready for a while only starts at the head: so ``i``'s claims strictly within
+    the wait are at most ``w_i * (S_g + 1) / w_g + 1``, ``S_g`` the claims of ``g``'s older
+    jobs (ahead of it) within the wait, its own claim's included. In FIFO order a job
+    enqueued behind another group's backlog waits for all of it.
+    """
+    times: dict[str, list[float]] = defaultdict(list)
+    own: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for at, job_id, group in sorted(claims):
+        times[group].append(at)
+        own[group].append((at, job_id))
+    found: dict[int, Share] = {}
+    for job_id, (group, began, claimed) in waits.items():
+        mine = own[group]
+        low = bisect.bisect_right(mine, (began, math.inf))
+        high = bisect.bisect_right(mine, (claimed, math.inf))
+        ahead = sum(1 for _, other in mine[low:high] if other < job_id)
+        worst: Share | None = None
+        contested = False
+        for other, at in times.items():
+            if other == group:
+                continue
+            count = bisect.bisect_left(at, claimed) - bisect.bisect_right(at, began)
+            contested |= count > 0
+            bound = weights[other] * (ahead + 1) / weights[group] + 1
+            if worst is None or count - bound > worst.excess:
+                worst = Share(other, max(count, 0), bound, False)
+        if worst is not None:
+            worst.contested = contested
+            found[job_id] = worst
+    return found
+
+
+def beside_backlogs(
+    waits: dict[int, tuple[str, float, float]],
+    enqueued: dict[int, tuple[str, float]],
+    first: dict[int, float],
+    weights: dict[str, float],
+    tolerance: int,
+) -> set[int]:
+    """The jobs of ``waits`` whose wait began beside another group's backlog, longer than
+    that group's share over the wait plus ``tolerance``: each would be over its share in
+    FIFO order, which runs that whole backlog first. The material of the share audit:
+    ``enqueued`` gives every job's group and the start of its wait, ``first`` its first
+    claim. Its own group's jobs ahead of it count as in ``share_excesses`` (all claimed
+    before it in either order)."""
+    committed: dict[str, list[float]] = defaultdict(list)
+    claimed: dict[str, list[float]] = defaultdict(list)
+    members: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    for job_id, (group, at) in enqueued.items():
+        committed[group].append(at)
+        claimed[group].append(first.get(job_id, math.inf))
+        members[group].append((job_id, at, first.get(job_id, math.inf)))
+    for times in (*committed.values(), *claimed.values()):
+        times.sort()
+    found = set()
+    for job_id, (group, began, _) in waits.items():
+        # Its place among its group's jobs waiting as its wait began: itself and those ahead.
+        place = sum(
+            1 for other, at, claim in members[group] if other <= job_id and at <= began < claim
+        )
+        for other in committed:
+            if other == group:
+                continue
+            waiting = bisect.bisect_left(committed[other], began) - bisect.bisect_right(
+                claimed[other], began
+            )
+            share = weights[other] * max(place, 1) / weights[group] + 1
+            if waiting > share + tolerance:
+                found.add(job_id)
+    return found
+
+
+WORKER_SETTINGS_TEXT = """\
+\"\"\"Written by bench/soak.py for its run_jobs: the test project's, its fair queue added.\"\"\"
+
+from testproject.settings import *  # noqa: F403
+from testproject.settings import DJANGO_JOBS, TASKS
+
+_queues = TASKS["default"].get("QUEUES", ["default"])  # [] takes every queue: left so
+DJANGO_JOBS = {{**DJANGO_JOBS, "fair_queues": {fair_queues!r}}}
+TASKS = {{
+    **TASKS,
+    "default": {{**TASKS["default"], "QUEUES": [*_queues, {queue!r}] if _queues else []}},
+}}
+"""
+
+
+def worker_settings(fair: bool) -> str:
+    """The settings module of the soak's run_jobs processes: the test project's, with the
+    fair queue declared, and fair unless ``fair`` is False (the twin)."""
+    return WORKER_SETTINGS_TEXT.format(fair_queues=[FAIR_QUEUE] if fair else [], queue=FAIR_QUEUE)
+
+
+def soak_settings(fair: bool) -> dict[str, Any]:
+    """The driver's own: its settings with the fair queue declared (and fair unless
+    ``fair`` is False), as ``worker_settings`` gives the workers."""
+    default = settings.TASKS["default"]
+    queues = [q for q in default.get("QUEUES", ["default"]) if q != FAIR_QUEUE]
+    return {
+        "TASKS": {
+            **settings.TASKS,
+            "default": {**default, "QUEUES": [*queues, FAIR_QUEUE] if queues else []},
+        },
+        "DJANGO_JOBS": {**settings.DJANGO_JOBS, "fair_queues": [FAIR_QUEUE] if fair else []},
+    }
 
 
 def process_start(pid: int) -> int | None:
@@ -1262,8 +1617,10 @@ def server_version() -> str:
 
 def run_soak(config: Config) -> Report:
     """Run the soak against the database Django is connected to (``config.database_url``
-    names the same database for the run_jobs processes) and return its report."""
-    return Soak(config).run()
+    names the same database for the run_jobs processes) and return its report. The fair
+    queue is declared in the settings for the run (``soak_settings``)."""
+    with override_settings(**soak_settings(config.fair)):
+        return Soak(config).run()
 
 
 # --- the command ----------------------------------------------------------------------------
@@ -1281,6 +1638,7 @@ def main(options: argparse.Namespace) -> int:
         fault_every=tuple(options.fault_every),
         drain_timeout=options.drain_timeout,
         restart_db=options.restart_db,
+        fair=not options.unfair,
         database_url=os.environ["DATABASE_URL"],
     )
     try:

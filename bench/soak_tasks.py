@@ -157,6 +157,32 @@ def snoozer(context, times: int) -> int:
     return context.attempt
 
 
+# The fair kind (bench/soak.py, "fair"): jobs of a few tenants in a queue the soak's settings
+# make fair (``DJANGO_JOBS["fair_queues"]``), each group taking turns by its weight. Declared in
+# queue "default", the one every settings module declares (Django checks a task's queue when it
+# is declared): the driver sends them to FAIR_QUEUE with ``.using(queue_name=...)`` under the
+# soak's settings, which add it to QUEUES.
+FAIR_QUEUE = "soak-fair"
+
+
+@task(takes_context=True, fair_key="{tenant}", max_attempts=SAFE_ATTEMPTS, backoff=0)
+def fair_work(context, tenant: str, weight: float, ms: float) -> str:
+    """A tenant's job in the fair queue, its group the tenant (its weight given with
+    ``.using(fair_weight=weight)``; ``weight`` is an argument too so that the audit knows it)."""
+    with audited(context, "fair", key=tenant):
+        pause(ms)
+    return tenant
+
+
+@task(takes_context=True, max_attempts=SAFE_ATTEMPTS, backoff=0)
+def fifo_work(context, tenant: str, weight: float, ms: float) -> str:
+    """The same job without a group, for the share audit's twin (``--unfair``): the queue is
+    then not fair and its jobs take their FIFO turns."""
+    with audited(context, "fair", key=tenant):
+        pause(ms)
+    return tenant
+
+
 @task(takes_context=True, max_attempts=SAFE_ATTEMPTS, backoff=0)
 def canary(context, after: int) -> int:
     """Enqueued right after a hostile job: it must succeed."""

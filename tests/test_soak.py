@@ -1,13 +1,15 @@
 """The chaos soak (bench/soak.py) in its short form, on the database under test.
 
 About 45 seconds of the soak's mixed workload on real ``run_jobs`` processes
-pointed at pytest-django's test database, with worker and supervisor SIGKILLs
-and (PostgreSQL, MariaDB) every worker connection terminated, in shuffled
-rounds; never a server restart (other tests share the servers). Then the
-workers stop, a clean ``run_jobs`` drains what is left, and the audit, made
-from the records the job bodies wrote themselves, must put every figure
-within its bound. ``SOAK_SECONDS`` and ``SOAK_SEED`` change the length and the
-seed (the seed is printed with the table, under "figures").
+pointed at pytest-django's test database, its fair queue's tenants included (a
+heavy one's backlogs, light ones' jobs sent into them), with worker and
+supervisor SIGKILLs and (PostgreSQL, MariaDB) every worker connection
+terminated, in shuffled rounds; never a server restart (other tests share the
+servers). Then the workers stop, a clean ``run_jobs`` drains what is left, and
+the audit, made from the records the job bodies wrote themselves, must put
+every figure within its bound, the fair jobs' shares of the claims included.
+``SOAK_SECONDS`` and ``SOAK_SEED`` change the length and the seed (the seed is
+printed with the table, under "figures").
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from django.db import connection
 from bench import soak_tasks
 from bench.soak import (
     Config,
+    beside_backlogs,
     hostile_verdict,
     max_overlap,
     most_in_any_period,
     overlapping_pairs,
     run_soak,
+    share_excesses,
     windows_over_limit,
 )
 from tests.harness import database_url
@@ -66,6 +70,10 @@ def test_a_short_chaos_soak_keeps_every_audited_figure_within_its_bound(tmp_path
     assert report.info["batches"] >= 1 and report.info["ticks"] >= SECONDS / 2, table
     assert report.info["jobs_total"] >= 5 * SECONDS, table
     assert report.info["statuses"].get("succeeded", 0) >= 3 * SECONDS, table
+    # The share audit had material: light tenants' jobs enqueued beside a backlog that FIFO
+    # order would have run first, past their share.
+    assert report.info["jobs_by_kind"].get("fair", 0) >= 2 * SECONDS, table
+    assert report.info["fair_shares"]["light_beside_backlogs"] >= 3, table
 
 
 def test_the_audit_arithmetic_sees_what_it_must():
@@ -88,3 +96,36 @@ def test_the_audit_arithmetic_sees_what_it_must():
     succeeded = {"status": "succeeded", "return_value": "a\x00b"}
     assert hostile_verdict("nul_return", succeeded, [])
     assert not hostile_verdict("nul_return", {**succeeded, "return_value": "ab"}, [])
+
+
+def test_the_share_audit_flags_fifo_order_and_passes_fair_order():
+    """Fifty jobs of "bulk" (weight 1) enqueued at 0.5 s, claimed one each 0.1 s from 1.1 s;
+    two of "light" (weight 0.5) enqueued at 2.05 s, when ten of bulk's have been claimed."""
+    weights = {"bulk": 1.0, "light": 0.5}
+    bulk = [(1.0 + i / 10, i, "bulk") for i in range(1, 51)]
+    waits = {51: ("light", 2.05, 0.0), 52: ("light", 2.05, 0.0)}
+
+    def audit(first: dict[int, float]) -> dict:
+        claims = [*bulk, *((at, job, "light") for job, at in first.items())]
+        made = {job: (group, began, first[job]) for job, (group, began, _) in waits.items()}
+        return share_excesses(made, claims, weights)
+
+    # Start-time fair queuing: the first light job at the head (behind bulk's job there, the
+    # older), the second two of bulk's turns later: 1 and 3 of bulk's claims, their shares
+    # 1 * 1 / 0.5 + 1 and 1 * 2 / 0.5 + 1.
+    fair = audit({51: 2.12, 52: 2.32})
+    assert [(s.other, s.claims, s.bound) for s in fair.values()] == [("bulk", 1, 3), ("bulk", 3, 5)]
+    assert all(s.excess <= 0 and s.contested for s in fair.values())
+    # FIFO order: both wait for the forty of bulk's left.
+    fifo = audit({51: 6.05, 52: 6.06})
+    assert [(s.claims, s.bound) for s in fifo.values()] == [(40, 3), (40, 5)]
+    assert all(s.excess > 16 for s in fifo.values())
+
+    # The material: both waits began beside 40 of bulk's waiting, over share + tolerance 16
+    # (not over 40: a backlog the tolerance hides is no test of the order).
+    enqueued = {job: ("bulk", 0.5) for _, job, _ in bulk}
+    enqueued |= {51: ("light", 2.05), 52: ("light", 2.05)}
+    first = {job: at for at, job, _ in bulk} | {51: 2.12, 52: 2.32}
+    made = {job: (group, began, first[job]) for job, (group, began, _) in waits.items()}
+    assert beside_backlogs(made, enqueued, first, weights, 16) == {51, 52}
+    assert beside_backlogs(made, enqueued, first, weights, 40) == set()
