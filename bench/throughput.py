@@ -29,7 +29,9 @@ drain of N (ours against ours, every database); phase "async" (issue 39) drains
 ``async def`` jobs that await a sleep on the workers' event loops against our
 no-op drain, against running them on threads, and (PostgreSQL) against
 Procrastinate's and Oban's async workers, and reads the workers' memory and
-connections with N of them in flight. The table prints each figure
+connections with N of them in flight; phase "fair" (issue 38) puts one tenant's backlog
+in a fair queue and in one that is not, with 20 other tenants arriving behind it, and
+drains and enqueues with fair keys against the same without. The table prints each figure
 of ours with its ratio against each peer's, > 1 meaning ours is better (rates:
 ours / peer; times and memory: peer / ours). The machine is noisy: read the
 ratios, not absolute figures. Figures are printed, never asserted; a phase
@@ -3439,6 +3441,35 @@ def statements_of(enqueue: Callable[[], object]) -> dict[str, Any]:
     }
 
 
+STATEMENT_SAMPLES = 40  # single enqueues of each kind, alternated, read statement by statement
+
+
+def enqueue_statements(tenants: list[str]) -> dict[str, dict[str, Any]]:
+    """Where one enqueue's time goes, plain and fair: :func:`statements_of` of
+    STATEMENT_SAMPLES enqueues of each, alternated, over the tenants; the median wall and
+    SQL time, and each statement of the last one with its median time."""
+    samples: dict[str, list[dict[str, Any]]] = {"plain": [], "fair": []}
+    for n in range(STATEMENT_SAMPLES):
+        for kind, task in (("plain", tenant_noop), ("fair", fair_noop))[:: 1 if n % 2 else -1]:
+            tenant = tenants[n % len(tenants)]
+            samples[kind].append(statements_of(lambda t=task, k=tenant: t.enqueue(k)))
+    result = {}
+    for kind, runs in samples.items():
+        last = runs[-1]
+        same = [r for r in runs if r["count"] == last["count"]]
+        result[kind] = {
+            "count": last["count"],
+            "wall_ms": statistics.median(r["wall_ms"] for r in runs),
+            "sql_ms": statistics.median(r["sql_ms"] for r in runs),
+            "samples": len(runs),
+            "statements": [
+                {**statement, "ms": statistics.median(r["statements"][i]["ms"] for r in same)}
+                for i, statement in enumerate(last["statements"])
+            ],
+        }
+    return result
+
+
 def fair_enqueues(run: Run) -> dict[str, Any]:
     """``enqueue()`` one by one in autocommit, ``--enqueue`` jobs each: the fair task over
     ``--keys`` tenants (round robin) against the same calls of its non-fair twin, in turns
@@ -3467,10 +3498,7 @@ def fair_enqueues(run: Run) -> dict[str, Any]:
     expected = 2 * (keys + 1 + count)
     if Job.objects.count() != expected:
         raise RuntimeError(f"phase fair: {Job.objects.count():,} rows, {expected:,} expected")
-    statements = {
-        "plain": statements_of(lambda: tenant_noop.enqueue(tenants[1 % keys])),
-        "fair": statements_of(lambda: fair_noop.enqueue(tenants[1 % keys])),
-    }
+    statements = enqueue_statements(tenants)
     return {
         "jobs": count,
         "keys": keys,
@@ -3586,8 +3614,8 @@ def phase_fair(run: Run) -> None:
                 enqueues[kind]["median"],
                 None,
                 note=f"median of {PIECES} pieces, in turns; one enqueue: {s['count']} statements "
-                "(the commit aside), "
-                f"{s['sql_ms']:.2f} ms of SQL in {s['wall_ms']:.2f} ms",
+                f"(the commit aside), {s['sql_ms']:.2f} ms of SQL in {s['wall_ms']:.2f} ms "
+                f"(medians of {s['samples']})",
             )
         )
     fair_b, plain_b = backlogs
