@@ -127,7 +127,15 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
         stamp.last_turn = turn
         stamp.updated_at = now
         changed.append(stamp)
-    FairTurn.objects.using(db).bulk_update(changed, ["last_turn", "updated_at"])
+    if len(changed) == 1:
+        # One group, the usual enqueue: a plain UPDATE (bulk_update builds a CASE per
+        # column, a fifth of a single fair enqueue's time on SQLite).
+        (stamp,) = changed
+        FairTurn.objects.using(db).filter(pk=stamp.pk).update(
+            last_turn=stamp.last_turn, updated_at=now
+        )
+    else:
+        FairTurn.objects.using(db).bulk_update(changed, ["last_turn", "updated_at"])
     return turns
 
 
