@@ -77,8 +77,8 @@ def columns(apps, schema_editor) -> list[tuple[str, str, str | None]]:
         return [row for row in cursor.fetchall() if row[0] in taken]
 
 
-def later_ready_columns(apps, schema_editor) -> list[str]:
-    """The columns of :data:`LATER_READY_COLUMNS` the ready table has now."""
+def ready_columns_now(apps, schema_editor) -> set[str]:
+    """The columns the ready table being migrated has."""
     ready = apps.get_model("django_jobs", "ReadyExecution")._meta.db_table
     with schema_editor.connection.cursor() as cursor:
         cursor.execute(
@@ -86,21 +86,19 @@ def later_ready_columns(apps, schema_editor) -> list[str]:
             "WHERE table_schema = DATABASE() AND table_name = %s",
             [ready],
         )
-        present = {name for (name,) in cursor.fetchall()}
+        return {name for (name,) in cursor.fetchall()}
+
+
+def later_ready_columns(apps, schema_editor) -> list[str]:
+    """The columns of :data:`LATER_READY_COLUMNS` the ready table has now."""
+    present = ready_columns_now(apps, schema_editor)
     return [name for name in LATER_READY_COLUMNS if name in present]
 
 
 def computed_ready_columns(apps, schema_editor) -> dict[str, str]:
     """The columns of :data:`COMPUTED_READY_COLUMNS` the ready table has now, with their
     values."""
-    ready = apps.get_model("django_jobs", "ReadyExecution")._meta.db_table
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT column_name FROM information_schema.columns "
-            "WHERE table_schema = DATABASE() AND table_name = %s",
-            [ready],
-        )
-        present = {name for (name,) in cursor.fetchall()}
+    present = ready_columns_now(apps, schema_editor)
     return {name: value for name, value in COMPUTED_READY_COLUMNS.items() if name in present}
 
 
