@@ -28,6 +28,14 @@ MAX_ASYNC_JOBS = 100_000
 # 6,553,600 down to 655, so that a backlog of a billion jobs stays within the turn's 64 bits.
 MIN_FAIR_WEIGHT = 0.01
 MAX_FAIR_WEIGHT = 100.0
+# A ready row's turn (core/fairness.py): a job's id times TURN_SCALE in a queue that is not
+# fair, which leaves room for weights up to 100 (a step of 655) with ids up to 1.4e14. A stamp
+# more than MAX_TURN_LEAD past its queue's head (a billion jobs at the lowest weight lead by
+# 2**52), or past LARGEST_TURN, was written by hand. Here, not in core/fairness.py, because
+# MariaDB's enqueue procedure is built from them in a migration, which must not import models.
+TURN_SCALE = 2**16
+MAX_TURN_LEAD = 2**56
+LARGEST_TURN = 2**62
 # The largest id a row can have (a signed 64-bit integer on every backend). SQLite refuses a
 # larger integer in a query with OverflowError, so neither the admin nor a command passes one
 # to the database.

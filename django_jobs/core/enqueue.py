@@ -148,16 +148,14 @@ def write_calls(
             held = {index: backend.get_result(str(holder.pk)) for index, holder in holders.items()}
         return results_of(prepared, held)
     plain = plain_ready_jobs(prepared)
-    # One job ready at once: with a fair key too, the procedure stamps it (MySQL/MariaDB).
-    single = plain or [job for job, _ in prepared if is_fair_and_plain(job)]
-    if len(single) == len(prepared) == 1 and ops(db).enqueue_ready(db, single[0]):
+    # One job ready at once, of a fair queue too: its one round trip stamps it as well
+    # (MySQL/MariaDB's procedure, PostgreSQL's statement).
+    alone = [job for job, _ in prepared if nothing_to_lock(job)] if len(prepared) == 1 else []
+    if alone and ops(db).enqueue_ready(db, alone[0]):
         # One round trip, atomic on its own, where the database has a way (MySQL).
-        results = [build_result(single[0], task=prepared[0][1])]
+        results = [build_result(alone[0], task=prepared[0][1])]
         return results, results
-    quick = plain if features(db).can_insert_ready_in_one_statement else []
-    if not quick and len(prepared) == 1 and is_fair_and_plain(prepared[0][0]):
-        # A fair queue's single enqueue: stamped in the same one statement (PostgreSQL).
-        quick = [prepared[0][0]] if features(db).can_insert_ready_in_one_statement else []
+    quick = (alone or plain) if features(db).can_insert_ready_in_one_statement else []
     if len(quick) == len(prepared) and len(quick) <= ops(db).insert_chunk_size:
         # One statement, atomic on its own: no BEGIN/COMMIT round trips.
         ops(db).insert_ready_jobs(db, quick)
@@ -211,24 +209,12 @@ def plain_ready_jobs(prepared: list[tuple[Job, Task]]) -> list[Job]:
     """The jobs ready at once with nothing to lock or check (no key, not unique, not
     deferred, of no fair queue): a database that can inserts them with their ready rows in
     one statement."""
-    return [
-        job
-        for job, _ in prepared
-        if job.status == JobStatus.READY
-        and not job.concurrency_key
-        and job.unique_lock is None
-        and job.fair_key is None
-    ]
+    return [job for job, _ in prepared if nothing_to_lock(job) and job.fair_key is None]
 
 
-def is_fair_and_plain(job: Job) -> bool:
-    """A job of a fair queue ready at once with nothing else to lock or check."""
-    return (
-        job.status == JobStatus.READY
-        and not job.concurrency_key
-        and job.unique_lock is None
-        and job.fair_key is not None
-    )
+def nothing_to_lock(job: Job) -> bool:
+    """Ready at once, with no key's semaphore and no unique key to take."""
+    return job.status == JobStatus.READY and not job.concurrency_key and job.unique_lock is None
 
 
 def insert_the_others(

@@ -29,19 +29,16 @@ from collections.abc import Sequence
 from django.db import connections
 from django.utils import timezone
 
-from django_jobs.limits import MAX_FAIR_WEIGHT, MIN_FAIR_WEIGHT
+from django_jobs.limits import (
+    LARGEST_TURN,
+    MAX_FAIR_WEIGHT,
+    MAX_TURN_LEAD,
+    MIN_FAIR_WEIGHT,
+    TURN_SCALE,
+)
 from django_jobs.models import FairTurn, Job, ReadyExecution
 
 logger = logging.getLogger("django_jobs.fairness")
-
-# The turns of one id: room for weights up to 100 (a step of 655) with ids up to 1.4e14.
-TURN_SCALE = 2**16
-# Weights allowed (docs/fairness.md): a step of 6,553,600 down to 655.
-MIN_WEIGHT, MAX_WEIGHT = MIN_FAIR_WEIGHT, MAX_FAIR_WEIGHT
-# A stamp this far past its queue's head is not one any backlog could have made (a billion
-# jobs at the lowest weight lead by 2**52): it was written by hand.
-MAX_LEAD = 2**56
-LARGEST_TURN = 2**62
 
 
 def fifo_turn(job_id: int) -> int:
@@ -53,7 +50,7 @@ def step_of(weight: float | None) -> int:
     """Turns between two jobs of a group of ``weight`` (None: 1)."""
     if weight is None or not math.isfinite(weight) or weight <= 0:
         return TURN_SCALE
-    return max(1, round(TURN_SCALE / min(max(weight, MIN_WEIGHT), MAX_WEIGHT)))
+    return max(1, round(TURN_SCALE / min(max(weight, MIN_FAIR_WEIGHT), MAX_FAIR_WEIGHT)))
 
 
 Group = tuple[str, int, str]
@@ -151,7 +148,7 @@ def warn_of_stamp(job: Job, last: object = "not one an enqueue writes") -> None:
 
 
 def is_sane(last: int, start: int) -> bool:
-    return 0 <= last <= LARGEST_TURN and last - start <= MAX_LEAD
+    return 0 <= last <= LARGEST_TURN and last - start <= MAX_TURN_LEAD
 
 
 def still_waiting(db: str, level: tuple[str, int], last: int) -> bool:

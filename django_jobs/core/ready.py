@@ -386,7 +386,7 @@ def candidates(
     kind: Q | None = None,
 ) -> list[tuple[int, int, int]]:
     """The next ``CANDIDATES * want`` ready jobs of ``names`` in claim order (priority,
-    then age), skipping the rounds before; read without locks, so a claimer
+    turn, id), skipping the rounds before; read without locks, so a claimer
     competing for the same ones makes the locking read skip them, not wait.
     ``(priority, turn, job id)``."""
     count = CANDIDATES * want

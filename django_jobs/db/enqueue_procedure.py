@@ -30,13 +30,13 @@ from django.db import migrations
 from django.db.migrations.operations.base import Operation
 
 from django_jobs.db.procedures import NOT_ALLOWED, install_procedure, remove_procedure  # noqa: F401
-from django_jobs.limits import MAX_FAIR_WEIGHT, MIN_FAIR_WEIGHT
-
-# core.fairness's constants, written here as numbers: a migration's SQL must not import the
-# models (core.fairness does).
-TURN_SCALE = 65536
-LARGEST_TURN = 2**62
-MAX_LEAD = 2**56
+from django_jobs.limits import (
+    LARGEST_TURN,
+    MAX_FAIR_WEIGHT,
+    MAX_TURN_LEAD,
+    MIN_FAIR_WEIGHT,
+    TURN_SCALE,
+)
 
 PROCEDURE = "django_jobs_enqueue_ready"
 SAVEPOINT = "django_jobs_enqueue"
@@ -47,7 +47,7 @@ READY_COLUMNS = ("job_id", "queue_name", "priority", "concurrency_key", "created
 LATER_READY_COLUMNS = ("is_async",)
 # Ready columns added since 0013 that the procedure computes (the job it inserts is never of
 # a fair queue: db/mysql.py sends those through the statements' path), by the same rule.
-COMPUTED_READY_COLUMNS = {"turn": "LAST_INSERT_ID() * 65536"}
+COMPUTED_READY_COLUMNS = {"turn": f"LAST_INSERT_ID() * {TURN_SCALE}"}
 
 
 def procedure_columns(fields: Iterable[Any]) -> frozenset[str]:
@@ -195,7 +195,7 @@ BEGIN
     IF prior_ = -1 THEN
       SET prior_ = NULL;
     ELSEIF prior_ IS NULL OR prior_ < 0 OR prior_ > {LARGEST_TURN}
-        OR prior_ - COALESCE(head_, turn_) > {MAX_LEAD} THEN
+        OR prior_ - COALESCE(head_, turn_) > {MAX_TURN_LEAD} THEN
       SET insane_ = TRUE;
     END IF;
     IF head_ IS NOT NULL AND NOT insane_ THEN

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, Error, connections, models
 from django.db.models import Q, QuerySet
 
+from django_jobs.core.fairness import warn_of_stamp
 from django_jobs.db import base, enqueue_procedure
 from django_jobs.db.base import RowT, column
 from django_jobs.db.job_rows import job_from_row, model_from_row
@@ -177,8 +178,6 @@ class Operations(base.Operations):
         if len(row) > 1 and row[1] and job.fair_key is not None:
             # Since 0024 the procedure stamps a fair queue's job, and says when the group's
             # stamp was one no enqueue writes (core.fairness).
-            from django_jobs.core.fairness import warn_of_stamp
-
             warn_of_stamp(job)
         return True
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from django.db import connections
 
-from django_jobs.core.fairness import TURN_SCALE
 from django_jobs.db.notify import jobs_ready
+from django_jobs.limits import TURN_SCALE
 from django_jobs.models import (
     BlockedExecution,
     ClaimedExecution,

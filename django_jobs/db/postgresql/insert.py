@@ -25,11 +25,17 @@ from functools import cache, lru_cache
 from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_jobs.core.fairness import LARGEST_TURN, MAX_LEAD, TURN_SCALE, warn_of_stamp
+from django_jobs.core.fairness import warn_of_stamp
 from django_jobs.db.base import column
 from django_jobs.db.notify import CHANNEL, inline_payload, jobs_ready
 from django_jobs.db.postgresql.cursors import bound_cursor
-from django_jobs.limits import MAX_FAIR_WEIGHT, MIN_FAIR_WEIGHT
+from django_jobs.limits import (
+    LARGEST_TURN,
+    MAX_FAIR_WEIGHT,
+    MAX_TURN_LEAD,
+    MIN_FAIR_WEIGHT,
+    TURN_SCALE,
+)
 from django_jobs.models import FairTurn, Job, ReadyExecution
 
 # Rows per statement: large enough to amortise the round trip, small enough that
@@ -222,7 +228,7 @@ def with_fair_ready_row(db: str, fields: list[models.Field], row: str, notifies:
     weight = f"LEAST(GREATEST(COALESCE(n.fair_weight, 1), {MIN_FAIR_WEIGHT}), {MAX_FAIR_WEIGHT})"
     insane = (
         f"(p.last_turn IS NULL OR p.last_turn < 0 OR p.last_turn > {LARGEST_TURN} "
-        f"OR p.last_turn - COALESCE(level.head, level.fifo) > {MAX_LEAD})"
+        f"OR p.last_turn - COALESCE(level.head, level.fifo) > {MAX_TURN_LEAD})"
     )
     notify = ", pg_notify(%s, %s)" if notifies else ""
     return (
@@ -238,7 +244,7 @@ def with_fair_ready_row(db: str, fields: list[models.Field], row: str, notifies:
         f"ON CONFLICT (queue_name, priority, fair_key) DO UPDATE SET last_turn = "
         f"(SELECT CASE WHEN level.head IS NULL THEN level.fifo "
         f"WHEN f.last_turn IS NULL OR f.last_turn < 0 OR f.last_turn > {LARGEST_TURN} "
-        f"OR f.last_turn - level.head > {MAX_LEAD} THEN level.fifo "
+        f"OR f.last_turn - level.head > {MAX_TURN_LEAD} THEN level.fifo "
         # The group's last job still waits (core.fairness.still_waiting), or the stamp
         # was written after this statement's snapshot, whose ready rows cannot show that
         # enqueue's job: a step after it. Else nothing of the group waits: the head.
