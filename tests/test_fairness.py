@@ -373,3 +373,16 @@ def test_a_rate_limited_fair_job_takes_turns(fair, worker):
     enqueue_many("A", 20)
     late = [int(rated_report.enqueue("B").id) for _ in range(2)]
     assert_takes_turns_with_a_backlog(worker, late)
+
+
+@pytest.mark.django_db
+def test_a_projects_test_runs_its_fair_jobs_in_turns_with_run_enqueued_jobs(fair):
+    """As a user's test would: the test toolkit runs what the code enqueued, in the fair
+    order (docs/fairness.md, "Testing")."""
+    from django_jobs.testing import run_enqueued_jobs
+
+    enqueue_many("A", 5)
+    late = enqueue_one("B")
+    report = run_enqueued_jobs(queue="reports")
+    assert [run.args[0] for run in report.runs] == ["A", "B", "A", "A", "A", "A"]
+    assert report.runs[1].job_id == late
