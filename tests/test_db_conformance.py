@@ -31,9 +31,10 @@ from django.utils import timezone
 
 from django_jobs import enqueue_batch
 from django_jobs import task as jobs_task
+from django_jobs.core.fairness import TURN_SCALE
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
-from django_jobs.db import ops
+from django_jobs.db import features, ops
 from django_jobs.models import (
     AwaitingExecution,
     Batch,
@@ -41,6 +42,7 @@ from django_jobs.models import (
     ClaimedExecution,
     DependencyFailure,
     FailedExecution,
+    FairTurn,
     Job,
     JobDependency,
     JobStatus,
@@ -1279,3 +1281,70 @@ class TestWorkflowRows:
                 row = AwaitingExecution(job_id=job.pk, queue_name="q" * 200, remaining=1)
                 ops(DB).insert_rows(DB, AwaitingExecution, [row])
         assert not Job.objects.exists() and not AwaitingExecution.objects.exists()
+
+
+# --- a fair group's stamp, read and written back (Operations.fair_group_state) --------------
+
+needs_exclusive_writes = pytest.mark.skipif(
+    not features(DB).writes_hold_the_database,
+    reason="a write transaction here does not exclude the other writers: the stamp is "
+    "locked (core.fairness.lock_stamps)",
+)
+
+
+def fair_sequence(worker) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """Single enqueues of a fair queue through each case of the rule, with claims between
+    them: each job's group and turn, then each group's stamp, counted from the first job's
+    FIFO turn (the ids of two runs differ by an offset, their steps do not)."""
+    from tests.fair_tasks import tenant_report
+
+    reports = QueueSelector(("reports",))
+    given: list[tuple[str, int]] = []
+
+    def one(tenant: str, **options: Any) -> None:
+        task = tenant_report.using(**options) if options else tenant_report
+        pk = int(task.enqueue(tenant).id)
+        given.append((tenant, ReadyExecution.objects.get(job_id=pk).turn))
+
+    one("A")  # a new group at an idle level: its own place
+    one("A")  # its last job waits: a step after it
+    one("B", fair_weight=2)  # a new group behind a backlog: the head
+    one("B", fair_weight=2)  # half a step after its last
+    claim_jobs(DB, worker.pk, reports, 2)
+    one("A")
+    FairTurn.objects.filter(fair_key="B").update(last_turn=-7)
+    one("B")  # a stamp no enqueue writes: FIFO, and written again
+    one("B")
+    while claim_jobs(DB, worker.pk, reports, 10):
+        pass
+    one("C")  # the level idle again: its own place
+    one("A")  # nothing of A waits: the head
+    first = given[0][1]
+    stamps = FairTurn.objects.order_by("fair_key").values_list("fair_key", "last_turn")
+    return (
+        [(tenant, turn - first) for tenant, turn in given],
+        [(key, turn - first) for key, turn in stamps],
+    )
+
+
+@needs_exclusive_writes
+@pytest.mark.django_db
+def test_a_fair_stamp_read_and_written_back_gives_the_locked_paths_turns(worker, monkeypatch):
+    """The two statements of ``fair_group_state`` and ``write_fair_stamp``
+    (``core.fairness.stamp_alone``) against the portable stamping (the upsert that locks,
+    then the reads): the same enqueues and claims give the same turns and stamps."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    with override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "fair_queues": ["reports"]}):
+        read_back = fair_sequence(worker)
+        for model in (ReadyExecution, ClaimedExecution, FairTurn, Job):
+            model.objects.all().delete()
+        monkeypatch.setattr(type(features(DB)), "writes_hold_the_database", False)
+        locked = fair_sequence(worker)
+    assert read_back == locked
+    turns = [turn for _, turn in read_back[0]]
+    # Each case moved the turn as the rule says (so the two paths agreeing is no accident of
+    # both giving FIFO turns): a step, a half step, FIFO after the broken stamp.
+    assert turns[1] == turns[0] + TURN_SCALE and turns[3] == turns[2] + TURN_SCALE // 2
+    assert turns[5] == 5 * TURN_SCALE

@@ -162,6 +162,21 @@ def test_a_group_that_ran_ahead_alone_starts_anew_once_the_queue_was_idle(fair, 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("way", WAYS)
+def test_a_group_whose_last_turn_another_group_shares_is_not_taken_for_waiting(fair, worker, way):
+    """A, B and C, enqueued together into an idle queue, share their first turn. Once A's
+    job is claimed, nothing of A waits, though B's and C's jobs of that turn do: A's next
+    job takes the head, a tie it loses to their older jobs, and does not step past it,
+    behind their second jobs too. (Hypothesis found this: a group's stamp equal to another
+    group's waiting turn was read as its own job still waiting.)"""
+    bulk_enqueue([(tenant_report, (t,), {}) for t in ("A", "B", "B", "C", "C")])
+    assert claim_groups(worker, 1) == ["A"]
+    late = WAYS[way]("A")
+    order = ["B", "C", "A", "B", "C"] + ["A"] * (len(late) - 1)
+    assert claim_groups(worker, len(order)) == order
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("stamp", [None, -5, 2**62, 2**63 - 1])
 def test_a_stamp_edited_by_hand_gives_fifo_turns_and_a_warning(fair, worker, caplog, stamp, way):
     """Alone (one statement on PostgreSQL) or two in a bulk (the ORM's statements): the

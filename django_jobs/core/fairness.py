@@ -24,11 +24,13 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from django.db import connections
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from django_jobs.db import features, ops
 from django_jobs.limits import (
     LARGEST_TURN,
     MAX_FAIR_WEIGHT,
@@ -81,6 +83,10 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
             for job in members:
                 turns[job.pk] = fifo_turn(job.pk) if head is None else head
         return turns
+    if len(groups) == 1 and len(jobs) == 1 and features(db).writes_hold_the_database:
+        (job,) = jobs
+        turns[job.pk] = stamp_alone(db, job)
+        return turns
     # Where a level has nothing ready, the groups of this call start at its first job's
     # FIFO turn: one call's groups are interleaved, not one after the other.
     first_fifo: dict[tuple[str, int], int] = {}
@@ -98,24 +104,18 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
         head = heads[level]
         stamp = stamps[group]
         last = stamp.last_turn
-        if group not in created and (
-            last is None or not is_sane(last, first_fifo[level] if head is None else head)
-        ):
+        if group not in created and is_broken(last, head, first_fifo[level]):
             warn_of_stamp(members[0], last)
             for job in members:
                 turn = turns[job.pk] = fifo_turn(job.pk)
         else:
-            if head is None:
-                # Nothing ready at its level, the queue is idle: every group starts anew,
-                # those of one call from its first job's place, interleaved.
-                turn = first_fifo[level]
-            elif last is not None and still_waiting(db, level, last):
-                # Its last job still waits: its next one comes a step after it.
-                turn = max(head, last + step_of(members[0].fair_weight))
-            else:
-                # Nothing of it waits (the last turn may be far ahead, given while it ran
-                # alone before an idle spell: not a debt): it starts at the head.
-                turn = head
+            turn = opening_turn(
+                head,
+                last,
+                lambda: last is not None and still_waiting(db, group, last),  # noqa: B023
+                first_fifo[level],
+                members[0].fair_weight,
+            )
             turns[members[0].pk] = turn
             for job in members[1:]:
                 # Each job's own weight: a call's using(fair_weight=...) moves its own steps.
@@ -136,6 +136,52 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
     return turns
 
 
+def opening_turn(
+    head: int | None,
+    last: int | None,
+    waiting: Callable[[], bool],
+    idle_start: int,
+    weight: float | None,
+) -> int:
+    """The turn of a group's first job of this call, its stamp ``last`` being sound (None:
+    a new group): ``waiting()`` says whether the job of turn ``last`` still waits (read
+    only where it decides)."""
+    if head is None:
+        # Nothing ready at its level, the queue is idle: every group starts anew, those of
+        # one call from its first job's place (``idle_start``), interleaved.
+        return idle_start
+    if last is not None and waiting():
+        # Its last job still waits: its next one comes a step after it.
+        return max(head, last + step_of(weight))
+    # Nothing of it waits (the last turn may be far ahead, given while it ran alone before
+    # an idle spell: not a debt): it starts at the head.
+    return head
+
+
+def is_broken(last: int | None, head: int | None, idle_start: int) -> bool:
+    """Whether an existing group's stamp is one no enqueue writes (edited by hand): NULL,
+    negative, past :data:`LARGEST_TURN`, or more than :data:`MAX_TURN_LEAD` ahead of the
+    head (of ``idle_start`` at an idle level)."""
+    return last is None or not is_sane(last, idle_start if head is None else head)
+
+
+def stamp_alone(db: str, job: Job) -> int:
+    """One job's turn and its group's stamp where the caller's write transaction holds the
+    database (``features.writes_hold_the_database``): one read, one upsert, nothing to lock
+    (docs/fairness.md); the rule is :func:`ready_turns`'."""
+    assert job.fair_key is not None
+    queue, priority, key = job.queue_name, job.priority, job.fair_key
+    head, found, last, waiting = ops(db).fair_group_state(db, queue, priority, key)
+    fifo = fifo_turn(job.pk)
+    if found and is_broken(last, head, fifo):
+        warn_of_stamp(job, last)
+        turn = fifo
+    else:
+        turn = opening_turn(head, last if found else None, lambda: waiting, fifo, job.fair_weight)
+    ops(db).write_fair_stamp(db, queue, priority, key, turn, timezone.now())
+    return turn
+
+
 def warn_of_stamp(job: Job, last: object = "not one an enqueue writes") -> None:
     logger.warning(
         "The fair turn of %r (queue %r, priority %d) is %s: its jobs take their FIFO turns "
@@ -151,16 +197,22 @@ def is_sane(last: int, start: int) -> bool:
     return 0 <= last <= LARGEST_TURN and last - start <= MAX_TURN_LEAD
 
 
-def still_waiting(db: str, level: tuple[str, int], last: int) -> bool:
-    """Whether a job of ``last``'s turn still waits at ``level``: the group's last job, whose
-    turn is its stamp (another group's job may share it, and then the group is treated as
-    waiting: it steps after that turn, as it would after its own). Read after the stamp's
-    lock, by a statement of its own: at READ COMMITTED it sees the ready row of an enqueue
-    of the group that held the lock before. One row read from ``jobs_ready_poll``."""
-    queue, priority = level
+def still_waiting(db: str, group: Group, last: int) -> bool:
+    """Whether the group's job of turn ``last``, its last one, still waits. Read after the
+    stamp's lock, by a statement of its own: at READ COMMITTED it sees the ready row of an
+    enqueue of the group that held the lock before. The ready rows of that turn, from
+    ``jobs_ready_poll``, each with its job's group read by its id: another group's job may
+    hold the same turn (a tie), and the group must not be taken for waiting then (it would
+    step past the head, a turn later than its due; tests/test_fairness.py). A subquery,
+    not a join: with no statistics gathered yet, PostgreSQL planned the join as a scan of
+    the ready rows."""
+    queue, priority, key = group
+    job_key = Job.objects.using(db).filter(pk=OuterRef("job_id")).values("fair_key")[:1]
     return (
         ReadyExecution.objects.using(db)
         .filter(queue_name=queue, priority=priority, turn=last)
+        .annotate(job_key=Subquery(job_key))
+        .filter(job_key=key)
         .exists()
     )
 

@@ -78,6 +78,11 @@ class Features:
     # Jobs per transaction of the prune by default: each locks that many job rows (and on
     # SQLite the whole database) for the transaction's length.
     prune_batch_size = 1000
+    # A write transaction holds the database's one write lock from its BEGIN (SQLite's
+    # BEGIN IMMEDIATE): what it reads no other writer can change before its commit, so a
+    # fair group's stamp is read and written back by plain statements, no row lock
+    # (``Operations.fair_group_state``, ``core.fairness``).
+    writes_hold_the_database = False
 
 
 class Operations:
@@ -630,6 +635,23 @@ class Operations:
         """``sql`` (a SELECT from ``table``) reading ``table`` through ``index`` where the
         database takes such a hint (MySQL/MariaDB); elsewhere ``sql`` as it is."""
         return sql
+
+    def fair_group_state(
+        self, db: str, queue: str, priority: int, key: str
+    ) -> tuple[int | None, bool, int | None, bool]:
+        """``features.writes_hold_the_database``: one read of what stamping a job of the
+        group (``queue``, ``priority``, ``key``) needs, inside the caller's write
+        transaction: the level's head (lowest ready turn, None if nothing is ready), whether
+        the group's ``FairTurn`` row exists, its ``last_turn``, and whether a ready row of
+        the level has that turn (``core.fairness.still_waiting``)."""
+        raise NotImplementedError
+
+    def write_fair_stamp(
+        self, db: str, queue: str, priority: int, key: str, turn: int, now: datetime
+    ) -> None:
+        """``features.writes_hold_the_database``: set the group's ``FairTurn`` row to
+        ``turn``, making it if it is missing."""
+        raise NotImplementedError
 
     def enqueue_ready(self, db: str, job: Job) -> bool:
         """Insert one job that is ready at once with nothing to lock or check, and its

@@ -1,11 +1,14 @@
 """SQLite: no row locks (a write transaction holds the whole database), so the portable
-operations serve it as they are."""
+operations serve it as they are, and a fair group's stamp is read and written back by two
+plain statements (``fair_group_state``)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
+from functools import cache
 from typing import Any
 
 from django.db import OperationalError, connections
@@ -18,7 +21,7 @@ PROGRESS_STEPS = 10_000
 
 
 class Features(base.Features):
-    pass
+    writes_hold_the_database = True
 
 
 class Operations(base.Operations):
@@ -35,6 +38,61 @@ class Operations(base.Operations):
 
     def is_statement_timeout(self, error: BaseException) -> bool:
         return isinstance(error, OperationalError) and "interrupted" in str(error)
+
+    def fair_group_state(
+        self, db: str, queue: str, priority: int, key: str
+    ) -> tuple[int | None, bool, int | None, bool]:
+        """One statement where the ORM's stamping takes four (upsert, read, head, waiting):
+        a fair queue's single enqueue went at 0.37x a plain one's rate on SQLite, nearly all
+        of it the ORM building those statements."""
+        with connections[db].cursor() as cursor:
+            cursor.execute(group_state_statement(db), [queue, priority, queue, priority, key])
+            head, found, last, waiting = cursor.fetchone()
+        return head, bool(found), last, bool(waiting)
+
+    def write_fair_stamp(
+        self, db: str, queue: str, priority: int, key: str, turn: int, now: datetime
+    ) -> None:
+        connection = connections[db]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                write_stamp_statement(db),
+                [queue, priority, key, turn, connection.ops.adapt_datetimefield_value(now)],
+            )
+
+
+@cache
+def group_state_statement(db: str) -> str:
+    """``Operations.fair_group_state``'s read: the head from ``jobs_ready_poll``, the stamp
+    by its unique key, the waiting job again from ``jobs_ready_poll`` and its group from
+    the job's row."""
+    from django_jobs.models import FairTurn, Job, ReadyExecution
+
+    quote = connections[db].ops.quote_name
+    ready, fair, job = (quote(m._meta.db_table) for m in (ReadyExecution, FairTurn, Job))
+    return (
+        f"SELECT level_.head, f.id IS NOT NULL, f.last_turn, EXISTS (SELECT 1 FROM {ready} "
+        f"AS w WHERE w.queue_name = level_.queue AND w.priority = level_.priority "
+        f"AND w.turn = f.last_turn AND (SELECT j.fair_key FROM {job} AS j "
+        f"WHERE j.id = w.job_id) = f.fair_key) FROM (SELECT q.queue, q.priority, (SELECT r.turn "
+        f"FROM {ready} AS r WHERE r.queue_name = q.queue AND r.priority = q.priority "
+        f"ORDER BY r.turn LIMIT 1) AS head FROM (SELECT %s AS queue, %s AS priority) AS q) "
+        f"AS level_ LEFT JOIN {fair} AS f ON f.queue_name = %s AND f.priority = %s "
+        f"AND f.fair_key = %s"
+    )
+
+
+@cache
+def write_stamp_statement(db: str) -> str:
+    from django_jobs.models import FairTurn
+
+    quote = connections[db].ops.quote_name
+    return (
+        f"INSERT INTO {quote(FairTurn._meta.db_table)} (queue_name, priority, fair_key, "
+        f"last_turn, updated_at) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (queue_name, "
+        f"priority, fair_key) DO UPDATE SET last_turn = excluded.last_turn, "
+        f"updated_at = excluded.updated_at"
+    )
 
 
 def after_prefix(prefix: str) -> str | None:

@@ -223,7 +223,7 @@ def with_fair_ready_row(db: str, fields: list[models.Field], row: str, notifies:
     enqueue is what a web request does.
     """
     quote = connections[db].ops.quote_name
-    ready, fair = (quote(model._meta.db_table) for model in (ReadyExecution, FairTurn))
+    ready, fair, job = (quote(m._meta.db_table) for m in (ReadyExecution, FairTurn, Job))
     scale = TURN_SCALE
     weight = f"LEAST(GREATEST(COALESCE(n.fair_weight, 1), {MIN_FAIR_WEIGHT}), {MAX_FAIR_WEIGHT})"
     insane = (
@@ -248,8 +248,13 @@ def with_fair_ready_row(db: str, fields: list[models.Field], row: str, notifies:
         # The group's last job still waits (core.fairness.still_waiting), or the stamp
         # was written after this statement's snapshot, whose ready rows cannot show that
         # enqueue's job: a step after it. Else nothing of the group waits: the head.
+        # The job's group read by its id for each ready row of that turn (a tie: another
+        # group's job may hold it), not joined: with the tables' statistics not yet
+        # gathered, a join was planned as a scan of the ready rows, kept by the prepared
+        # statement (18 ms an enqueue).
         f"WHEN EXISTS (SELECT 1 FROM {ready} AS w WHERE w.queue_name = level.queue_name "
-        f"AND w.priority = level.priority AND w.turn = f.last_turn) "
+        f"AND w.priority = level.priority AND w.turn = f.last_turn AND (SELECT j.fair_key "
+        f"FROM {job} AS j WHERE j.id = w.job_id) = level.fair_key) "
         f"OR f.last_turn IS DISTINCT FROM (SELECT s.last_turn FROM {fair} AS s "
         f"WHERE s.id = f.id) THEN GREATEST(level.head, f.last_turn + level.step) "
         f"ELSE level.head END FROM level), "
