@@ -16,11 +16,13 @@ import pytest
 from django.conf import settings
 from django.db import connection, transaction
 from django.test import override_settings
+from django.utils import timezone
 
 from django_jobs import bulk_enqueue
-from django_jobs.core import fairness
+from django_jobs.core import fairness, maintenance
 from django_jobs.core.claimed import finish_job
 from django_jobs.core.fairness import TURN_SCALE, fifo_turn
+from django_jobs.core.maintenance import FAIR_TURN_IDLE, prune_fair_turns
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
 from django_jobs.core.ready import claim_jobs
@@ -401,3 +403,84 @@ def test_a_projects_test_runs_its_fair_jobs_in_turns_with_run_enqueued_jobs(fair
     report = run_enqueued_jobs(queue="reports")
     assert [run.args[0] for run in report.runs] == ["A", "B", "A", "A", "A", "A"]
     assert report.runs[1].job_id == late
+
+
+# --- the prune of idle stamps (core.maintenance.prune_fair_turns) ---------------------------
+
+
+def age_stamps(*keys: str) -> None:
+    """The stamps of ``keys`` last written two days ago: idle past FAIR_TURN_IDLE."""
+    long_ago = timezone.now() - 2 * FAIR_TURN_IDLE
+    FairTurn.objects.filter(fair_key__in=keys).update(updated_at=long_ago)
+
+
+def queue_head() -> int | None:
+    return fairness.queue_head(DB, "reports", 0)
+
+
+@pytest.mark.django_db
+def test_the_prune_deletes_the_idle_stamps_whose_last_job_no_longer_waits(fair, worker):
+    """B's job started and nothing of B waits: its stamp goes, and B's next job takes the
+    head, as it would with the stamp. A's last job waits, C's stamp is recent: both stay."""
+    enqueue_many("B", 1)
+    assert claim_groups(worker, 1) == ["B"]
+    enqueue_many("A", 3)
+    enqueue_many("C", 1)
+    age_stamps("A", "B")
+    assert prune_fair_turns(DB) == 1
+    assert sorted(FairTurn.objects.values_list("fair_key", flat=True)) == ["A", "C"]
+    head = queue_head()
+    (late,) = enqueue_many("B", 1)
+    assert turn_of(late) == head
+
+
+def enqueue_meanwhile(tenant: str) -> Any:
+    """``delete_idle_stamps`` run right after another transaction, which enqueues a job of
+    ``tenant`` and commits, between the prune's read of its candidates and its locks."""
+    real = maintenance.delete_idle_stamps
+
+    def interleaved(db: str, ids: list[int], cutoff: Any) -> int:
+        enqueue_one(tenant)
+        return real(db, ids, cutoff)
+
+    return interleaved
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stamp_written_between_the_prunes_read_and_its_lock_is_kept(fair, worker, monkeypatch):
+    """X's stamp was idle when the prune read it; an enqueue of X committed before the prune
+    locked it: the prune decides again under the lock and keeps it, so X's next job comes a
+    step after the one waiting, not at the head beside it."""
+    enqueue_many("A", 5)
+    enqueue_one("X")
+    (job,) = claim_jobs(DB, worker.pk, REPORTS, 1)
+    assert job.fair_key == "A"
+    assert claim_groups(worker, 1) == ["X"]
+    age_stamps("X")
+    monkeypatch.setattr(maintenance, "delete_idle_stamps", enqueue_meanwhile("X"))
+    assert prune_fair_turns(DB) == 0
+    waiting = ReadyExecution.objects.filter(job__fair_key="X").get().turn
+    assert turn_of(enqueue_one("X")) == waiting + TURN_SCALE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unprotected_a_prune_deleting_what_it_read_gives_two_jobs_of_a_group_one_turn(
+    fair, worker, monkeypatch
+):
+    """The twin: the prune deletes the stamps it read as idle without locking them and
+    deciding again. X's enqueue in between is forgotten: X's next job takes the head, the
+    turn of X's job still waiting."""
+    enqueue_many("A", 5)
+    enqueue_one("X")
+    claim_jobs(DB, worker.pk, REPORTS, 1)
+    assert claim_groups(worker, 1) == ["X"]
+    age_stamps("X")
+
+    def unlocked(db: str, ids: list[int], cutoff: Any) -> int:
+        enqueue_one("X")
+        return FairTurn.objects.filter(pk__in=ids).delete()[0]
+
+    monkeypatch.setattr(maintenance, "delete_idle_stamps", unlocked)
+    assert prune_fair_turns(DB) == 1
+    waiting = ReadyExecution.objects.filter(job__fair_key="X").get().turn
+    assert turn_of(enqueue_one("X")) == waiting

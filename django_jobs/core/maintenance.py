@@ -1,5 +1,5 @@
-"""Periodic repairs: keys with blocked jobs reconciled, finished jobs and idle rate
-limits pruned.
+"""Periodic repairs: keys with blocked jobs reconciled, finished jobs, idle rate limits and
+idle fair stamps pruned.
 
 :func:`prune_finished_jobs` is the one way finished jobs leave the database: the
 dispatcher calls it (through :func:`clear_finished_jobs`, with
@@ -19,6 +19,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from django_jobs.core.admission import reconcile_key
+from django_jobs.core.fairness import still_waiting
 from django_jobs.db import features, ops
 from django_jobs.db.rows import PrunedRound
 from django_jobs.models import (
@@ -26,6 +27,7 @@ from django_jobs.models import (
     Batch,
     BlockedExecution,
     FailedExecution,
+    FairTurn,
     Job,
     JobDependency,
     RateLimit,
@@ -96,6 +98,59 @@ def delete_forgettable(db: str, keys: list[str], now: datetime) -> int:
         gone = [row.pk for row in rows if forgettable(row, now)]
         if gone:
             RateLimit.objects.using(db).filter(pk__in=gone).delete()
+    return len(gone)
+
+
+# A fair group's stamp is pruned once it has not been written for this long and nothing of
+# the group waits at its last turn.
+FAIR_TURN_IDLE = timedelta(days=1)
+# Stamps read per prune: a bound on one maintenance tick's work; the rest wait for the next.
+FAIR_TURN_PRUNE_LIMIT = 10_000
+
+
+def prune_fair_turns(db: str, now: datetime | None = None) -> int:
+    """Delete the stamps (``FairTurn``) of fair groups idle past ``FAIR_TURN_IDLE`` whose
+    last job no longer waits; how many.
+
+    Such a stamp decides nothing: a group with nothing waiting at its last turn starts at
+    the head, or at an idle level at its first job's place, and a group with no stamp
+    starts at the same turn (core/fairness.py). So the delete changes no job's turn, and a
+    tenant seen once no longer keeps a row forever. Each chunk is locked in group order, as
+    every enqueue locks stamps (after its semaphores; the prune takes none), and decided
+    again under the lock: an enqueue that wrote the stamp meanwhile (its ``updated_at``
+    moved, its job waits) keeps it (tests/test_fairness.py, the prune's race).
+    """
+    now = now or timezone.now()
+    cutoff = now - FAIR_TURN_IDLE
+    candidates = list(
+        FairTurn.objects.using(db)
+        .filter(updated_at__lt=cutoff)
+        .values_list("pk", flat=True)[:FAIR_TURN_PRUNE_LIMIT]
+    )
+    deleted = 0
+    for start in range(0, len(candidates), DELETE_CHUNK):
+        deleted += delete_idle_stamps(db, candidates[start : start + DELETE_CHUNK], cutoff)
+    return deleted
+
+
+def group_waits(db: str, row: FairTurn) -> bool:
+    """Whether the job given ``row``'s last turn still waits (a stamp set to NULL: no)."""
+    group = (row.queue_name, row.priority, row.fair_key)
+    return row.last_turn is not None and still_waiting(db, group, row.last_turn)
+
+
+def delete_idle_stamps(db: str, ids: list[int], cutoff: datetime) -> int:
+    """Delete the stamps of ``ids`` still idle once locked; how many."""
+    with transaction.atomic(using=db):
+        rows = (
+            FairTurn.objects.using(db)
+            .select_for_update()
+            .filter(pk__in=ids)
+            .order_by("queue_name", "priority", "fair_key")
+        )
+        gone = [row.pk for row in rows if row.updated_at < cutoff and not group_waits(db, row)]
+        if gone:
+            FairTurn.objects.using(db).filter(pk__in=gone).delete()
     return len(gone)
 
 

@@ -19,6 +19,7 @@ from django.utils import timezone
 from django_jobs.conf import JobsSettings
 from django_jobs.core.maintenance import (
     clear_finished_jobs,
+    prune_fair_turns,
     prune_rate_limits,
     reconcile_blocked_keys,
 )
@@ -122,6 +123,7 @@ class Dispatcher:
             if self.conf.clear_finished_jobs_after is not None:
                 clear_finished_jobs(self.db, self.conf.clear_finished_jobs_after)
             prune_rate_limits(self.db)
+            prune_fair_turns(self.db)
             # What a lost follow-up left: ended jobs whose dependents were not told, and
             # workflows ended with jobs still to cancel (core/dependencies.py).
             repaired = sweep_workflows(self.db)
