@@ -562,6 +562,10 @@ class FairTurn(models.Model):
     priority = models.SmallIntegerField(default=0)
     fair_key = models.CharField(max_length=255, blank=True)
     last_turn = models.BigIntegerField(null=True, blank=True)
+    # The job given ``last_turn`` (the newest of the group's last enqueue): the group "still
+    # waits" while this job's ready row exists, one read by primary key however many other
+    # groups' jobs share its turn.
+    last_job_id = models.BigIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

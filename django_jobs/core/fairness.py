@@ -27,7 +27,6 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from django.db import connections
-from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from django_jobs.db import features, ops
@@ -112,7 +111,7 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
             turn = opening_turn(
                 head,
                 last,
-                lambda: last is not None and still_waiting(db, group, last),  # noqa: B023
+                lambda: still_waiting(db, stamp.last_job_id),  # noqa: B023
                 first_fifo[level],
                 members[0].fair_weight,
             )
@@ -122,6 +121,7 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
                 turn += step_of(job.fair_weight)
                 turns[job.pk] = turn
         stamp.last_turn = turn
+        stamp.last_job_id = members[-1].pk
         stamp.updated_at = now
         changed.append(stamp)
     if len(changed) == 1:
@@ -129,10 +129,10 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
         # column, a fifth of a single fair enqueue's time on SQLite).
         (stamp,) = changed
         FairTurn.objects.using(db).filter(pk=stamp.pk).update(
-            last_turn=stamp.last_turn, updated_at=now
+            last_turn=stamp.last_turn, last_job_id=stamp.last_job_id, updated_at=now
         )
     else:
-        FairTurn.objects.using(db).bulk_update(changed, ["last_turn", "updated_at"])
+        FairTurn.objects.using(db).bulk_update(changed, ["last_turn", "last_job_id", "updated_at"])
     return turns
 
 
@@ -178,7 +178,7 @@ def stamp_alone(db: str, job: Job) -> int:
         turn = fifo
     else:
         turn = opening_turn(head, last if found else None, lambda: waiting, fifo, job.fair_weight)
-    ops(db).write_fair_stamp(db, queue, priority, key, turn, timezone.now())
+    ops(db).write_fair_stamp(db, queue, priority, key, turn, job.pk, timezone.now())
     return turn
 
 
@@ -197,24 +197,14 @@ def is_sane(last: int, start: int) -> bool:
     return 0 <= last <= LARGEST_TURN and last - start <= MAX_TURN_LEAD
 
 
-def still_waiting(db: str, group: Group, last: int) -> bool:
-    """Whether the group's job of turn ``last``, its last one, still waits. Read after the
+def still_waiting(db: str, job_id: int | None) -> bool:
+    """Whether the group's last job (``FairTurn.last_job_id``; None: a stamp written by hand
+    or before migration 0025) still waits: its ready row, by primary key. Read after the
     stamp's lock, by a statement of its own: at READ COMMITTED it sees the ready row of an
-    enqueue of the group that held the lock before. The ready rows of that turn, from
-    ``jobs_ready_poll``, each with its job's group read by its id: another group's job may
-    hold the same turn (a tie), and the group must not be taken for waiting then (it would
-    step past the head, a turn later than its due; tests/test_fairness.py). A subquery,
-    not a join: with no statistics gathered yet, PostgreSQL planned the join as a scan of
-    the ready rows."""
-    queue, priority, key = group
-    job_key = Job.objects.using(db).filter(pk=OuterRef("job_id")).values("fair_key")[:1]
-    return (
-        ReadyExecution.objects.using(db)
-        .filter(queue_name=queue, priority=priority, turn=last)
-        .annotate(job_key=Subquery(job_key))
-        .filter(job_key=key)
-        .exists()
-    )
+    enqueue of the group that held the lock before. By the job, not by its turn: other
+    groups' jobs may share the turn (groups that arrive together start at the same head),
+    and a group taken for waiting by another's job steps a turn past its due."""
+    return job_id is not None and ReadyExecution.objects.using(db).filter(pk=job_id).exists()
 
 
 def queue_head(db: str, queue: str, priority: int) -> int | None:

@@ -133,12 +133,6 @@ def prune_fair_turns(db: str, now: datetime | None = None) -> int:
     return deleted
 
 
-def group_waits(db: str, row: FairTurn) -> bool:
-    """Whether the job given ``row``'s last turn still waits (a stamp set to NULL: no)."""
-    group = (row.queue_name, row.priority, row.fair_key)
-    return row.last_turn is not None and still_waiting(db, group, row.last_turn)
-
-
 def delete_idle_stamps(db: str, ids: list[int], cutoff: datetime) -> int:
     """Delete the stamps of ``ids`` still idle once locked; how many."""
     with transaction.atomic(using=db):
@@ -148,7 +142,11 @@ def delete_idle_stamps(db: str, ids: list[int], cutoff: datetime) -> int:
             .filter(pk__in=ids)
             .order_by("queue_name", "priority", "fair_key")
         )
-        gone = [row.pk for row in rows if row.updated_at < cutoff and not group_waits(db, row)]
+        gone = [
+            row.pk
+            for row in rows
+            if row.updated_at < cutoff and not still_waiting(db, row.last_job_id)
+        ]
         if gone:
             FairTurn.objects.using(db).filter(pk__in=gone).delete()
     return len(gone)

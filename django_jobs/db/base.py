@@ -642,15 +642,15 @@ class Operations:
         """``features.writes_hold_the_database``: one read of what stamping a job of the
         group (``queue``, ``priority``, ``key``) needs, inside the caller's write
         transaction: the level's head (lowest ready turn, None if nothing is ready), whether
-        the group's ``FairTurn`` row exists, its ``last_turn``, and whether a ready row of
-        the level has that turn (``core.fairness.still_waiting``)."""
+        the group's ``FairTurn`` row exists, its ``last_turn``, and whether its
+        ``last_job_id`` still has a ready row (``core.fairness.still_waiting``)."""
         raise NotImplementedError
 
     def write_fair_stamp(
-        self, db: str, queue: str, priority: int, key: str, turn: int, now: datetime
+        self, db: str, queue: str, priority: int, key: str, turn: int, job_id: int, now: datetime
     ) -> None:
         """``features.writes_hold_the_database``: set the group's ``FairTurn`` row to
-        ``turn``, making it if it is missing."""
+        ``turn``, given to job ``job_id``, making the row if it is missing."""
         raise NotImplementedError
 
     def enqueue_ready(self, db: str, job: Job) -> bool:

@@ -155,16 +155,31 @@ def fair_procedure_sql(
     For a group that has a stamp, four statements: the head; a locking read of the stamp
     (the latest committed version, waiting for an enqueue of the group that holds it; at
     READ COMMITTED the next read then sees that enqueue's ready row); whether the group's
-    job of that turn still waits; the new stamp. A new group's row is made first by an
-    upsert, as 0024's version made every one (an upsert that finds the row costs more than
-    the locking read: InnoDB inserts, meets the unique key, undoes, updates). The waiting
-    job is read by a statement of its own, its turn a constant: inside an upsert's update
-    clause, MariaDB read every ready row of the level for it (0.6x a plain enqueue)."""
+    last job still waits (its ready row, by the stamp's ``last_job_id``); the new stamp. A
+    new group's row is made first by an upsert, as 0024's version made every one (an upsert
+    that finds the row costs more than the locking read: InnoDB inserts, meets the unique
+    key, undoes, updates). The waiting job is read by a statement of its own: inside an
+    upsert's update clause, MariaDB read every ready row of the level for it (0.6x a plain
+    enqueue)."""
     quote = schema_editor.quote_name
     job = quote(apps.get_model("django_jobs", "Job")._meta.db_table)
     ready = quote(apps.get_model("django_jobs", "ReadyExecution")._meta.db_table)
     fair = quote(apps.get_model("django_jobs", "FairTurn")._meta.db_table)
     group = "queue_name = p_queue_name AND priority = p_priority AND fair_key = p_fair_key"
+    fair_model = apps.get_model("django_jobs", "FairTurn")
+    if any(field.name == "last_job_id" for field in fair_model._meta.concrete_fields):
+        # Since 0025: the group's last job, by primary key.
+        read_job = ", last_job_id"
+        into_job = ", prior_job_"
+        waits = f"EXISTS (SELECT 1 FROM {ready} WHERE job_id = prior_job_)"
+        write_job = ", last_job_id = new_id"
+    else:
+        # Migration 0024's table: a ready row of the level at the stamp's turn.
+        read_job = into_job = write_job = ""
+        waits = (
+            f"prior_ IS NOT NULL AND EXISTS (SELECT 1 FROM {ready} WHERE queue_name = "
+            "p_queue_name AND priority = p_priority AND turn = prior_)"
+        )
     return f"""
 CREATE PROCEDURE {PROCEDURE}(
   IN own_transaction BOOLEAN,
@@ -174,6 +189,7 @@ BEGIN
   DECLARE new_id BIGINT;
   DECLARE head_ BIGINT DEFAULT NULL;
   DECLARE prior_ BIGINT DEFAULT NULL;
+  DECLARE prior_job_ BIGINT DEFAULT NULL;
   DECLARE missing_ BOOLEAN DEFAULT FALSE;
   DECLARE turn_ BIGINT;
   DECLARE step_ BIGINT;
@@ -196,12 +212,14 @@ BEGIN
     SET head_ = (SELECT turn FROM {ready}
       WHERE queue_name = p_queue_name AND priority = p_priority ORDER BY turn LIMIT 1);
     -- A stamp set to NULL by hand reads as -2; a missing row sets missing_.
-    SELECT COALESCE(last_turn, -2) INTO prior_ FROM {fair} WHERE {group} FOR UPDATE;
+    SELECT COALESCE(last_turn, -2){read_job} INTO prior_{into_job} FROM {fair}
+      WHERE {group} FOR UPDATE;
     IF missing_ THEN
       INSERT INTO {fair} (queue_name, priority, fair_key, last_turn, updated_at)
         VALUES (p_queue_name, p_priority, p_fair_key, -1, p_enqueued_at)
         ON DUPLICATE KEY UPDATE updated_at = VALUES(updated_at);
-      SELECT COALESCE(last_turn, -2) INTO prior_ FROM {fair} WHERE {group} FOR UPDATE;
+      SELECT COALESCE(last_turn, -2){read_job} INTO prior_{into_job} FROM {fair}
+        WHERE {group} FOR UPDATE;
     END IF;
     IF prior_ = -1 THEN
       SET prior_ = NULL;
@@ -210,17 +228,15 @@ BEGIN
       SET insane_ = TRUE;
     END IF;
     IF head_ IS NOT NULL AND NOT insane_ THEN
-      -- A step after the group's last job while that one still waits (a ready row of its
-      -- turn that is the group's: another group's job may share the turn), else the head.
-      IF prior_ IS NOT NULL AND EXISTS (SELECT 1 FROM {ready} AS w
-          WHERE w.queue_name = p_queue_name AND w.priority = p_priority AND w.turn = prior_
-          AND (SELECT j.fair_key FROM {job} AS j WHERE j.id = w.job_id) = p_fair_key) THEN
+      -- A step after the group's last job while that one still waits, else the head.
+      IF {waits} THEN
         SET turn_ = GREATEST(head_, prior_ + step_);
       ELSE
         SET turn_ = head_;
       END IF;
     END IF;
-    UPDATE {fair} SET last_turn = turn_, updated_at = p_enqueued_at WHERE {group};
+    UPDATE {fair} SET last_turn = turn_{write_job}, updated_at = p_enqueued_at
+      WHERE {group};
   END IF;
   INSERT INTO {ready} ({ready_names})
     VALUES (new_id, p_queue_name, p_priority, NULL, p_enqueued_at, p_is_async, turn_);

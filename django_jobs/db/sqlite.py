@@ -51,32 +51,26 @@ class Operations(base.Operations):
         return head, bool(found), last, bool(waiting)
 
     def write_fair_stamp(
-        self, db: str, queue: str, priority: int, key: str, turn: int, now: datetime
+        self, db: str, queue: str, priority: int, key: str, turn: int, job_id: int, now: datetime
     ) -> None:
         connection = connections[db]
+        when = connection.ops.adapt_datetimefield_value(now)
         with connection.cursor() as cursor:
-            cursor.execute(
-                write_stamp_statement(db),
-                [queue, priority, key, turn, connection.ops.adapt_datetimefield_value(now)],
-            )
+            cursor.execute(write_stamp_statement(db), [queue, priority, key, turn, job_id, when])
 
 
 @cache
 def group_state_statement(db: str) -> str:
     """``Operations.fair_group_state``'s read: the head from ``jobs_ready_poll``, the stamp
-    by its unique key, the waiting job again from ``jobs_ready_poll`` and its group from
-    the job's row."""
-    from django_jobs.models import FairTurn, Job, ReadyExecution
+    by its unique key, the waiting job by its primary key."""
+    from django_jobs.models import FairTurn, ReadyExecution
 
     quote = connections[db].ops.quote_name
-    ready, fair, job = (quote(m._meta.db_table) for m in (ReadyExecution, FairTurn, Job))
+    ready, fair = (quote(m._meta.db_table) for m in (ReadyExecution, FairTurn))
     return (
         f"SELECT level_.head, f.id IS NOT NULL, f.last_turn, EXISTS (SELECT 1 FROM {ready} "
-        f"AS w WHERE w.queue_name = level_.queue AND w.priority = level_.priority "
-        f"AND w.turn = f.last_turn AND (SELECT j.fair_key FROM {job} AS j "
-        f"WHERE j.id = w.job_id) = f.fair_key) FROM (SELECT q.queue, q.priority, (SELECT r.turn "
-        f"FROM {ready} AS r WHERE r.queue_name = q.queue AND r.priority = q.priority "
-        f"ORDER BY r.turn LIMIT 1) AS head FROM (SELECT %s AS queue, %s AS priority) AS q) "
+        f"AS w WHERE w.job_id = f.last_job_id) FROM (SELECT (SELECT r.turn FROM {ready} AS r "
+        f"WHERE r.queue_name = %s AND r.priority = %s ORDER BY r.turn LIMIT 1) AS head) "
         f"AS level_ LEFT JOIN {fair} AS f ON f.queue_name = %s AND f.priority = %s "
         f"AND f.fair_key = %s"
     )
@@ -89,9 +83,9 @@ def write_stamp_statement(db: str) -> str:
     quote = connections[db].ops.quote_name
     return (
         f"INSERT INTO {quote(FairTurn._meta.db_table)} (queue_name, priority, fair_key, "
-        f"last_turn, updated_at) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (queue_name, "
-        f"priority, fair_key) DO UPDATE SET last_turn = excluded.last_turn, "
-        f"updated_at = excluded.updated_at"
+        f"last_turn, last_job_id, updated_at) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT "
+        f"(queue_name, priority, fair_key) DO UPDATE SET last_turn = excluded.last_turn, "
+        f"last_job_id = excluded.last_job_id, updated_at = excluded.updated_at"
     )
 
 

@@ -1,10 +1,15 @@
-"""MySQL/MariaDB: the enqueue procedure created again, its fair branch as it now stands
-(``db/enqueue_procedure.py``, ``fair_procedure_sql``): a group whose stamp equals another
-group's waiting turn is no longer taken for waiting, and the stamp takes three statements
-instead of five. No table changes; a no-op elsewhere. Backwards, the procedure is created
-again from the same source, which serves migration 0024's tables as well."""
+"""A fair group's stamp names the job it was given to (``FairTurn.last_job_id``), and
+MySQL/MariaDB's enqueue procedure is created again to write it and to read the group's waiting
+job by it (``db/enqueue_procedure.py``, ``fair_procedure_sql``).
 
-from django.db import migrations
+Whether a group's last job still waits was read from the ready rows of its turn: another
+group's job of the same turn (groups that arrive together share the head's turn) was taken
+for the group's own, and the group stepped a turn past its due; telling them apart by each
+row's job read every tie, a thousand rows for a thousand tenants. A stamp written before
+this migration has no job: its group is taken as not waiting, once (it starts at the head).
+"""
+
+from django.db import migrations, models
 
 from django_jobs.db.enqueue_procedure import create_procedure
 
@@ -16,5 +21,10 @@ class Migration(migrations.Migration):
     dependencies = [("django_jobs", "0024_fair_turns")]
 
     operations = [
+        migrations.AddField(
+            model_name="fairturn",
+            name="last_job_id",
+            field=models.BigIntegerField(blank=True, null=True),
+        ),
         migrations.RunPython(create_procedure, create_procedure, atomic=False, elidable=False),
     ]

@@ -223,7 +223,7 @@ def with_fair_ready_row(db: str, fields: list[models.Field], row: str, notifies:
     enqueue is what a web request does.
     """
     quote = connections[db].ops.quote_name
-    ready, fair, job = (quote(m._meta.db_table) for m in (ReadyExecution, FairTurn, Job))
+    ready, fair = (quote(model._meta.db_table) for model in (ReadyExecution, FairTurn))
     scale = TURN_SCALE
     weight = f"LEAST(GREATEST(COALESCE(n.fair_weight, 1), {MIN_FAIR_WEIGHT}), {MAX_FAIR_WEIGHT})"
     insane = (
@@ -239,26 +239,22 @@ def with_fair_ready_row(db: str, fields: list[models.Field], row: str, notifies:
         f"(SELECT min(r.turn) FROM {ready} AS r WHERE r.queue_name = n.queue_name "
         f"AND r.priority = n.priority) AS head FROM new_jobs AS n), "
         f"stamped AS (INSERT INTO {fair} AS f (queue_name, priority, fair_key, last_turn, "
-        f"updated_at) SELECT queue_name, priority, fair_key, "
-        f"COALESCE(head, fifo), enqueued_at FROM level "
+        f"last_job_id, updated_at) SELECT queue_name, priority, fair_key, "
+        f"COALESCE(head, fifo), id, enqueued_at FROM level "
         f"ON CONFLICT (queue_name, priority, fair_key) DO UPDATE SET last_turn = "
         f"(SELECT CASE WHEN level.head IS NULL THEN level.fifo "
         f"WHEN f.last_turn IS NULL OR f.last_turn < 0 OR f.last_turn > {LARGEST_TURN} "
         f"OR f.last_turn - level.head > {MAX_TURN_LEAD} THEN level.fifo "
-        # The group's last job still waits (core.fairness.still_waiting), or the stamp
-        # was written after this statement's snapshot, whose ready rows cannot show that
-        # enqueue's job: a step after it. Else nothing of the group waits: the head.
-        # The job's group read by its id for each ready row of that turn (a tie: another
-        # group's job may hold it), not joined: with the tables' statistics not yet
-        # gathered, a join was planned as a scan of the ready rows, kept by the prepared
-        # statement (18 ms an enqueue).
-        f"WHEN EXISTS (SELECT 1 FROM {ready} AS w WHERE w.queue_name = level.queue_name "
-        f"AND w.priority = level.priority AND w.turn = f.last_turn AND (SELECT j.fair_key "
-        f"FROM {job} AS j WHERE j.id = w.job_id) = level.fair_key) "
+        # The group's last job (the stamp's, read by primary key) still waits
+        # (core.fairness.still_waiting), or the stamp was written after this statement's
+        # snapshot, whose ready rows cannot show that enqueue's job: a step after it. Else
+        # nothing of the group waits: the head.
+        f"WHEN EXISTS (SELECT 1 FROM {ready} AS w WHERE w.job_id = f.last_job_id) "
         f"OR f.last_turn IS DISTINCT FROM (SELECT s.last_turn FROM {fair} AS s "
         f"WHERE s.id = f.id) THEN GREATEST(level.head, f.last_turn + level.step) "
         f"ELSE level.head END FROM level), "
-        f"updated_at = EXCLUDED.updated_at RETURNING f.last_turn), "
+        f"last_job_id = EXCLUDED.last_job_id, updated_at = EXCLUDED.updated_at "
+        f"RETURNING f.last_turn), "
         f"new_ready AS (INSERT INTO {ready} (job_id, queue_name, priority, concurrency_key, "
         f"created_at, is_async, turn) SELECT level.id, level.queue_name, level.priority, NULL, "
         f"level.enqueued_at, level.is_async, stamped.last_turn FROM level, stamped "
