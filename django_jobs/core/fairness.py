@@ -12,11 +12,13 @@ group with fewer jobs waiting, one turn per job, and a group that was idle start
 head: no credit for the time it had nothing waiting, and no debt for turns it ran ahead of
 the others while it ran alone.
 
-The group's ``L`` is its ``FairTurn`` row, locked for the write, in ascending group order,
-after every semaphore the transaction takes (docs/design.md section 4): two transactions
-never give two jobs of one group the same turn. A row whose ``last_turn`` is NULL, negative or
-far past the head (edited by hand) does not stop anything: its group's jobs take their FIFO
-turns (``id * TURN_SCALE``), a warning is logged, and the row is written again.
+The group's ``L`` is its ``FairTurn`` row, with the job given ``L``, whose ready row is what
+"still waits" reads (another group's job may hold the same turn). The row is locked for the
+write, in ascending group order, after every semaphore the transaction takes (docs/design.md
+section 4): two transactions never give two jobs of one group the same turn. A row whose
+``last_turn`` is NULL, negative or far past the head (edited by hand) does not stop anything:
+its group's jobs take their FIFO turns (``id * TURN_SCALE``), a warning is logged, and the
+row is written again.
 """
 
 from __future__ import annotations
