@@ -265,6 +265,77 @@ def test_two_enqueues_of_one_group_at_once_take_two_turns(fair, way):
     assert min(second) == max(first) + TURN_SCALE
 
 
+def race_two_enqueues_at_the_head(way: str) -> tuple[list[int], list[int]]:
+    """X's last job was claimed while another group's job waits at X's last turn (the
+    head): the first enqueue of X gives the head again, the same turn its stamp held, and
+    holds its transaction open; the second runs meanwhile, to its end or to a lock wait;
+    then the first commits. The jobs' turns."""
+    worker = register_process(DB, "worker")
+    bulk_enqueue([(tenant_report, (tenant,), {}) for tenant in ("X", "B")])
+    (job,) = claim_jobs(DB, worker.pk, REPORTS, 1)
+    assert job.fair_key == "X"
+    holding, release = threading.Event(), threading.Event()
+    enqueue = WAYS[way]
+
+    def first() -> list[int]:
+        with transaction.atomic():
+            ids = enqueue("X")
+            holding.set()
+            assert release.wait(20), "never released"
+        return ids
+
+    def second() -> list[int]:
+        assert holding.wait(20), "the first enqueue never held its stamp"
+        with transaction.atomic():
+            return enqueue("X")
+
+    runners = [Runner(first), Runner(second)]
+    for runner in runners:
+        runner.start()
+    wait_for(runners[1].blocked_or_done, "the second enqueue to end or wait")
+    release.set()
+    a, b = (runner.finish() for runner in runners)
+    return [turn_of(pk) for pk in a], [turn_of(pk) for pk in b]
+
+
+@needs_row_locks
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("way", WAYS)
+def test_two_enqueues_of_one_group_at_the_head_at_once_take_two_turns(fair, way):
+    """The first writes back the turn the stamp held (the head), with a job of its own: the
+    second, which waited for the stamp, must see that job waiting, though its statement's
+    snapshot (PostgreSQL) predates it, and step after it."""
+    first, second = race_two_enqueues_at_the_head(way)
+    assert min(second) == max(first) + TURN_SCALE, (first, second)
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's one statement")
+@pytest.mark.django_db(transaction=True)
+def test_unprotected_one_statement_comparing_only_the_turn_with_its_snapshot_shares_a_turn(
+    fair, monkeypatch
+):
+    """The twin: PostgreSQL's statement tells a stamp written after its snapshot by the
+    turn alone. The first enqueue wrote the same turn back (with its own job), so the
+    second takes the head too: two jobs of X, one turn."""
+    from django_jobs.db.postgresql import insert
+
+    original = insert.with_fair_ready_row
+
+    def turn_only(*args: Any) -> str:
+        sql = original(*args)
+        by_job = "AND s.last_job_id IS NOT DISTINCT FROM f.last_job_id"
+        assert sql.count(by_job) == 1
+        return sql.replace(by_job, "")
+
+    monkeypatch.setattr(insert, "with_fair_ready_row", turn_only)
+    insert.single_statement.cache_clear()
+    try:
+        first, second = race_two_enqueues_at_the_head("alone")
+    finally:
+        insert.single_statement.cache_clear()
+    assert set(first) & set(second)
+
+
 @needs_row_locks
 @pytest.mark.django_db(transaction=True)
 def test_unprotected_two_enqueues_of_one_group_share_a_turn(fair, monkeypatch):
@@ -435,13 +506,13 @@ def test_the_prune_deletes_the_idle_stamps_whose_last_job_no_longer_waits(fair, 
 
 
 def enqueue_meanwhile(tenant: str) -> Any:
-    """``delete_idle_stamps`` run right after another transaction, which enqueues a job of
-    ``tenant`` and commits, between the prune's read of its candidates and its locks."""
-    real = maintenance.delete_idle_stamps
+    """``delete_idle_stamp`` run right after another transaction, which enqueues a job of
+    ``tenant`` and commits, between the prune's read of its candidates and its lock."""
+    real = maintenance.delete_idle_stamp
 
-    def interleaved(db: str, ids: list[int], cutoff: Any) -> int:
+    def interleaved(db: str, pk: int, cutoff: Any) -> bool:
         enqueue_one(tenant)
-        return real(db, ids, cutoff)
+        return real(db, pk, cutoff)
 
     return interleaved
 
@@ -457,7 +528,7 @@ def test_a_stamp_written_between_the_prunes_read_and_its_lock_is_kept(fair, work
     assert job.fair_key == "A"
     assert claim_groups(worker, 1) == ["X"]
     age_stamps("X")
-    monkeypatch.setattr(maintenance, "delete_idle_stamps", enqueue_meanwhile("X"))
+    monkeypatch.setattr(maintenance, "delete_idle_stamp", enqueue_meanwhile("X"))
     assert prune_fair_turns(DB) == 0
     waiting = ReadyExecution.objects.filter(job__fair_key="X").get().turn
     assert turn_of(enqueue_one("X")) == waiting + TURN_SCALE
@@ -476,11 +547,11 @@ def test_unprotected_a_prune_deleting_what_it_read_gives_two_jobs_of_a_group_one
     assert claim_groups(worker, 1) == ["X"]
     age_stamps("X")
 
-    def unlocked(db: str, ids: list[int], cutoff: Any) -> int:
+    def unlocked(db: str, pk: int, cutoff: Any) -> bool:
         enqueue_one("X")
-        return FairTurn.objects.filter(pk__in=ids).delete()[0]
+        return FairTurn.objects.filter(pk=pk).delete()[0] == 1
 
-    monkeypatch.setattr(maintenance, "delete_idle_stamps", unlocked)
+    monkeypatch.setattr(maintenance, "delete_idle_stamp", unlocked)
     assert prune_fair_turns(DB) == 1
     waiting = ReadyExecution.objects.filter(job__fair_key="X").get().turn
     assert turn_of(enqueue_one("X")) == waiting

@@ -104,21 +104,22 @@ def delete_forgettable(db: str, keys: list[str], now: datetime) -> int:
 # A fair group's stamp is pruned once it has not been written for this long and nothing of
 # the group waits at its last turn.
 FAIR_TURN_IDLE = timedelta(days=1)
-# Stamps read per prune: a bound on one maintenance tick's work; the rest wait for the next.
-FAIR_TURN_PRUNE_LIMIT = 10_000
+# Stamps pruned at most per pass, each in a transaction of its own: a bound on one
+# maintenance tick's work (1,000 a minute at the default interval); the rest wait.
+FAIR_TURN_PRUNE_LIMIT = 1000
 
 
 def prune_fair_turns(db: str, now: datetime | None = None) -> int:
     """Delete the stamps (``FairTurn``) of fair groups idle past ``FAIR_TURN_IDLE`` whose
     last job no longer waits; how many.
 
-    Such a stamp decides nothing: a group with nothing waiting at its last turn starts at
-    the head, or at an idle level at its first job's place, and a group with no stamp
-    starts at the same turn (core/fairness.py). So the delete changes no job's turn, and a
-    tenant seen once no longer keeps a row forever. Each chunk is locked in group order, as
-    every enqueue locks stamps (after its semaphores; the prune takes none), and decided
-    again under the lock: an enqueue that wrote the stamp meanwhile (its ``updated_at``
-    moved, its job waits) keeps it (tests/test_fairness.py, the prune's race).
+    Such a stamp decides nothing: a group with nothing waiting starts at the head, or at an
+    idle level at its first job's place, and a group with no stamp starts at the same turn
+    (core/fairness.py). So the delete changes no job's turn, and a tenant seen once no
+    longer keeps a row forever. Each stamp is locked and decided again in a transaction of
+    its own, which holds no other lock: it cannot deadlock with an enqueue that locks
+    several stamps (in its own order). An enqueue that wrote the stamp since it was read
+    (its ``updated_at`` moved) keeps it (tests/test_fairness.py, the prune's race).
     """
     now = now or timezone.now()
     cutoff = now - FAIR_TURN_IDLE
@@ -127,29 +128,17 @@ def prune_fair_turns(db: str, now: datetime | None = None) -> int:
         .filter(updated_at__lt=cutoff)
         .values_list("pk", flat=True)[:FAIR_TURN_PRUNE_LIMIT]
     )
-    deleted = 0
-    for start in range(0, len(candidates), DELETE_CHUNK):
-        deleted += delete_idle_stamps(db, candidates[start : start + DELETE_CHUNK], cutoff)
-    return deleted
+    return sum(delete_idle_stamp(db, pk, cutoff) for pk in candidates)
 
 
-def delete_idle_stamps(db: str, ids: list[int], cutoff: datetime) -> int:
-    """Delete the stamps of ``ids`` still idle once locked; how many."""
+def delete_idle_stamp(db: str, pk: int, cutoff: datetime) -> bool:
+    """Delete stamp ``pk`` if, once locked, it is still idle; whether it was."""
     with transaction.atomic(using=db):
-        rows = (
-            FairTurn.objects.using(db)
-            .select_for_update()
-            .filter(pk__in=ids)
-            .order_by("queue_name", "priority", "fair_key")
-        )
-        gone = [
-            row.pk
-            for row in rows
-            if row.updated_at < cutoff and not still_waiting(db, row.last_job_id)
-        ]
-        if gone:
-            FairTurn.objects.using(db).filter(pk__in=gone).delete()
-    return len(gone)
+        row = FairTurn.objects.using(db).select_for_update().filter(pk=pk).first()
+        if row is None or row.updated_at >= cutoff or still_waiting(db, row.last_job_id):
+            return False
+        FairTurn.objects.using(db).filter(pk=pk).delete()
+    return True
 
 
 @dataclass

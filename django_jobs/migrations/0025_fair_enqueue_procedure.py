@@ -11,7 +11,7 @@ this migration has no job: its group is taken as not waiting, once (it starts at
 
 from django.db import migrations, models
 
-from django_jobs.db.enqueue_procedure import create_procedure
+from django_jobs.db.enqueue_procedure import follow_job_columns
 
 
 class Migration(migrations.Migration):
@@ -20,11 +20,12 @@ class Migration(migrations.Migration):
 
     dependencies = [("django_jobs", "0024_fair_turns")]
 
-    operations = [
+    # The procedure created again after the column, both ways: backwards, after the column
+    # is gone, as 0024's table has it (a procedure naming a missing column fails every call).
+    operations = follow_job_columns(
         migrations.AddField(
             model_name="fairturn",
             name="last_job_id",
             field=models.BigIntegerField(blank=True, null=True),
         ),
-        migrations.RunPython(create_procedure, create_procedure, atomic=False, elidable=False),
-    ]
+    )

@@ -247,11 +247,14 @@ def with_fair_ready_row(db: str, fields: list[models.Field], row: str, notifies:
         f"OR f.last_turn - level.head > {MAX_TURN_LEAD} THEN level.fifo "
         # The group's last job (the stamp's, read by primary key) still waits
         # (core.fairness.still_waiting), or the stamp was written after this statement's
-        # snapshot, whose ready rows cannot show that enqueue's job: a step after it. Else
-        # nothing of the group waits: the head.
+        # snapshot (its turn or its job differ from the snapshot's row: an enqueue that
+        # gave the head again writes the same turn), whose ready rows cannot show that
+        # enqueue's job: a step after it. Else nothing of the group waits: the head.
         f"WHEN EXISTS (SELECT 1 FROM {ready} AS w WHERE w.job_id = f.last_job_id) "
-        f"OR f.last_turn IS DISTINCT FROM (SELECT s.last_turn FROM {fair} AS s "
-        f"WHERE s.id = f.id) THEN GREATEST(level.head, f.last_turn + level.step) "
+        f"OR NOT EXISTS (SELECT 1 FROM {fair} AS s WHERE s.id = f.id "
+        f"AND s.last_turn IS NOT DISTINCT FROM f.last_turn "
+        f"AND s.last_job_id IS NOT DISTINCT FROM f.last_job_id) "
+        f"THEN GREATEST(level.head, f.last_turn + level.step) "
         f"ELSE level.head END FROM level), "
         f"last_job_id = EXCLUDED.last_job_id, updated_at = EXCLUDED.updated_at "
         f"RETURNING f.last_turn), "
