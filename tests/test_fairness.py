@@ -231,6 +231,12 @@ def race_two_enqueues_of_one_group(way: str) -> tuple[list[int], list[int]]:
     """The first enqueue of group X holds its transaction open after its stamp; the second
     runs meanwhile, to its end or to a lock wait; then the first commits. The jobs' turns."""
     enqueue_many("X", 1)  # X's stamp row exists, committed
+    return race_two_enqueues_of_x(way)
+
+
+def race_two_enqueues_of_x(way: str) -> tuple[list[int], list[int]]:
+    """Two enqueues of X, ``way``: the first holds its transaction open after its stamp,
+    the second runs meanwhile, to its end or to a lock wait, then the first commits."""
     holding, release = threading.Event(), threading.Event()
     enqueue = WAYS[way]
 
@@ -268,34 +274,12 @@ def test_two_enqueues_of_one_group_at_once_take_two_turns(fair, way):
 def race_two_enqueues_at_the_head(way: str) -> tuple[list[int], list[int]]:
     """X's last job was claimed while another group's job waits at X's last turn (the
     head): the first enqueue of X gives the head again, the same turn its stamp held, and
-    holds its transaction open; the second runs meanwhile, to its end or to a lock wait;
-    then the first commits. The jobs' turns."""
+    holds its transaction open while the second runs (:func:`race_two_enqueues_of_x`)."""
     worker = register_process(DB, "worker")
     bulk_enqueue([(tenant_report, (tenant,), {}) for tenant in ("X", "B")])
     (job,) = claim_jobs(DB, worker.pk, REPORTS, 1)
     assert job.fair_key == "X"
-    holding, release = threading.Event(), threading.Event()
-    enqueue = WAYS[way]
-
-    def first() -> list[int]:
-        with transaction.atomic():
-            ids = enqueue("X")
-            holding.set()
-            assert release.wait(20), "never released"
-        return ids
-
-    def second() -> list[int]:
-        assert holding.wait(20), "the first enqueue never held its stamp"
-        with transaction.atomic():
-            return enqueue("X")
-
-    runners = [Runner(first), Runner(second)]
-    for runner in runners:
-        runner.start()
-    wait_for(runners[1].blocked_or_done, "the second enqueue to end or wait")
-    release.set()
-    a, b = (runner.finish() for runner in runners)
-    return [turn_of(pk) for pk in a], [turn_of(pk) for pk in b]
+    return race_two_enqueues_of_x(way)
 
 
 @needs_row_locks
@@ -317,23 +301,33 @@ def test_unprotected_one_statement_comparing_only_the_turn_with_its_snapshot_sha
     """The twin: PostgreSQL's statement tells a stamp written after its snapshot by the
     turn alone. The first enqueue wrote the same turn back (with its own job), so the
     second takes the head too: two jobs of X, one turn."""
+    by_job = "AND s.last_job_id IS NOT DISTINCT FROM f.last_job_id"
+    first, second = race_with_statement_edited(
+        monkeypatch, by_job, "", race_two_enqueues_at_the_head
+    )
+    assert set(first) & set(second)
+
+
+def race_with_statement_edited(
+    monkeypatch, old: str, new: str, race: Any
+) -> tuple[list[int], list[int]]:
+    """``race("alone")`` with PostgreSQL's fair statement's ``old`` (found once) made
+    ``new``: an unprotected twin of the statement."""
     from django_jobs.db.postgresql import insert
 
     original = insert.with_fair_ready_row
 
-    def turn_only(*args: Any) -> str:
+    def edited(*args: Any) -> str:
         sql = original(*args)
-        by_job = "AND s.last_job_id IS NOT DISTINCT FROM f.last_job_id"
-        assert sql.count(by_job) == 1
-        return sql.replace(by_job, "")
+        assert sql.count(old) == 1
+        return sql.replace(old, new)
 
-    monkeypatch.setattr(insert, "with_fair_ready_row", turn_only)
+    monkeypatch.setattr(insert, "with_fair_ready_row", edited)
     insert.single_statement.cache_clear()
     try:
-        first, second = race_two_enqueues_at_the_head("alone")
+        return race("alone")
     finally:
         insert.single_statement.cache_clear()
-    assert set(first) & set(second)
 
 
 @needs_row_locks
@@ -358,26 +352,14 @@ def test_unprotected_one_statement_reading_the_stamp_in_its_snapshot_shares_a_tu
     """The twin of PostgreSQL's one statement: the upsert still waits for the first
     enqueue's lock, but takes the last turn from the statement's snapshot instead of the
     row it locked, so both jobs get the same turn."""
-    from django_jobs.db.postgresql import insert
-
-    original = insert.with_fair_ready_row
-
-    def from_snapshot(*args: Any) -> str:
-        sql = original(*args)
-        locked = "GREATEST(level.head, f.last_turn + level.step)"
-        assert sql.count(locked) == 1
-        snapshot = (
-            "GREATEST(level.head, (SELECT p.last_turn FROM django_jobs_fairturn AS p "
-            "WHERE p.id = f.id) + level.step)"
-        )
-        return sql.replace(locked, snapshot)
-
-    monkeypatch.setattr(insert, "with_fair_ready_row", from_snapshot)
-    insert.single_statement.cache_clear()
-    try:
-        first, second = race_two_enqueues_of_one_group("alone")
-    finally:
-        insert.single_statement.cache_clear()
+    locked = "GREATEST(level.head, f.last_turn + level.step)"
+    snapshot = (
+        "GREATEST(level.head, (SELECT p.last_turn FROM django_jobs_fairturn AS p "
+        "WHERE p.id = f.id) + level.step)"
+    )
+    first, second = race_with_statement_edited(
+        monkeypatch, locked, snapshot, race_two_enqueues_of_one_group
+    )
     assert set(first) & set(second)
 
 
