@@ -17,9 +17,10 @@ not the model's; it also fails where the ready table gains a column the procedur
 INSERT does not write (:data:`READY_COLUMNS`).
 
 The SQL here serves every table state since migration 0013 (it reads the job's columns from
-the table being migrated): a change to what it writes for a table state is a new migration
-that creates the procedure again (0025 did so for the fair branch, which replaying 0024 now
-creates as 0025 does), never an edit alone, which databases already migrated would not see.
+the table being migrated): a change to what it writes is a new migration that creates the
+procedure again, never an edit alone, which databases already migrated would not see (0025 adds
+the stamp's job column and creates it again; the fair branch is built for the table being
+migrated, 0024's or 0025's).
 """
 
 from __future__ import annotations
