@@ -179,7 +179,7 @@ def test_a_group_whose_last_turn_another_group_shares_is_not_taken_for_waiting(f
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("way", WAYS)
-@pytest.mark.parametrize("stamp", [None, -5, 2**62, 2**63 - 1])
+@pytest.mark.parametrize("stamp", [None, -1, -5, 2**62, 2**63 - 1])
 def test_a_stamp_edited_by_hand_gives_fifo_turns_and_a_warning(fair, worker, caplog, stamp, way):
     """Alone (one statement on PostgreSQL) or two in a bulk (the ORM's statements): the
     group's jobs take their FIFO turns from there, one warning, and the row is written

@@ -96,7 +96,9 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
         level = (queue, priority)
         first_fifo[level] = min(first_fifo.get(level, lowest), lowest)
     heads = {level: queue_head(db, *level) for level in first_fifo}
-    stamps, created = lock_stamps(db, sorted(groups))
+    stamps, created = lock_stamps(
+        db, {group: min(job.pk for job in groups[group]) for group in groups}
+    )
     now = timezone.now()
     changed: list[FairTurn] = []
     for group in sorted(groups):
@@ -221,34 +223,36 @@ def queue_head(db: str, queue: str, priority: int) -> int | None:
     )
 
 
-# The last turn of a stamp row an enqueue has just made and not yet written (a committed
-# row never holds it): how a new group is told from a row set to NULL by hand.
-UNSTAMPED = -1
+def lock_stamps(db: str, groups: dict[Group, int]) -> tuple[dict[Group, FairTurn], set[Group]]:
+    """Lock the ``FairTurn`` rows of ``groups`` (each with the id of the first job it is
+    stamped for), making the missing ones; the rows, read after the locks (their latest
+    turns), and the groups made here.
 
-
-def lock_stamps(db: str, groups: list[Group]) -> tuple[dict[Group, FairTurn], set[Group]]:
-    """Lock the ``FairTurn`` rows of ``groups`` (given in ascending order), making the
-    missing ones; the rows, read after the locks (their latest turns), and the groups made
-    here.
-
-    One upsert of every group in that order (``INSERT ... ON CONFLICT DO UPDATE``, or ``ON
-    DUPLICATE KEY UPDATE``) makes a missing row and locks an existing one exclusively, row
-    after row, as a semaphore is made (``admission.lock_semaphore``): two enqueues lock
+    One upsert of every group in ascending order (``INSERT ... ON CONFLICT DO UPDATE``, or
+    ``ON DUPLICATE KEY UPDATE``) makes a missing row and locks an existing one exclusively,
+    row after row, as a semaphore is made (``admission.lock_semaphore``): two enqueues lock
     their common groups in one order, and a bulk of 1,000 tenants takes two statements, not
-    a locking read per tenant. A row made here holds :data:`UNSTAMPED` until
-    :func:`ready_turns` writes its turn."""
+    a locking read per tenant.
+
+    A row made here holds no turn and, as its job, the negative of its first job's id,
+    until :func:`ready_turns` writes it: no enqueue writes a negative job, and no hand edit
+    knows the id of a job being enqueued, so a row made here is told from every row that was
+    there before, whatever was written into that one (a turn of -1 set by hand is a broken
+    stamp, as on PostgreSQL's one statement, not a new group)."""
     now = timezone.now()
     supports = connections[db].features
+    order = sorted(groups)
     FairTurn.objects.using(db).bulk_create(
         [
             FairTurn(
                 queue_name=queue,
                 priority=priority,
                 fair_key=key,
-                last_turn=UNSTAMPED,
+                last_turn=None,
+                last_job_id=-groups[(queue, priority, key)],
                 updated_at=now,
             )
-            for queue, priority, key in groups
+            for queue, priority, key in order
         ],
         update_conflicts=True,
         update_fields=["updated_at"],
@@ -258,10 +262,10 @@ def lock_stamps(db: str, groups: list[Group]) -> tuple[dict[Group, FairTurn], se
             else None
         ),
     )
-    found = read_stamps(db, groups)
-    created = {group for group, row in found.items() if row.last_turn == UNSTAMPED}
+    found = read_stamps(db, order)
+    created = {group for group, row in found.items() if row.last_job_id == -groups[group]}
     for group in created:
-        found[group].last_turn = None
+        found[group].last_job_id = None
     return found, created
 
 

@@ -222,7 +222,9 @@ BEGIN
       SELECT COALESCE(last_turn, -2){read_job} INTO prior_{into_job} FROM {fair}
         WHERE {group} FOR UPDATE;
     END IF;
-    IF prior_ = -1 THEN
+    -- -1 is the row made just above, a new group; read from a row that was there, it was
+    -- set by hand: a broken stamp, as any other negative turn.
+    IF missing_ AND prior_ = -1 THEN
       SET prior_ = NULL;
     ELSEIF prior_ < 0 OR prior_ > {LARGEST_TURN}
         OR prior_ - COALESCE(head_, turn_) > {MAX_TURN_LEAD} THEN
