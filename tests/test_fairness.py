@@ -363,6 +363,45 @@ def test_unprotected_one_statement_reading_the_stamp_in_its_snapshot_shares_a_tu
     assert set(first) & set(second)
 
 
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's one statement")
+@pytest.mark.django_db
+@pytest.mark.parametrize("statistics", ["none", "analyzed"])
+def test_the_one_statements_head_reads_its_queues_index_in_the_plan_a_prepared_statement_keeps(
+    fair, statistics
+):
+    """The generic plan (what a prepared single enqueue runs once psycopg has prepared it)
+    with another queue's backlog at lower turns: the head is read from ``jobs_ready_poll``.
+    Written with ``queue_name =``, a plan made while the table had no statistics (new, or
+    emptied by TRUNCATE) walked ``jobs_ready_order`` through that backlog on every enqueue."""
+    with connection.cursor() as cursor:
+        # Statistics as a new table has them (none): TRUNCATE forgets them, until rollback.
+        cursor.execute("TRUNCATE django_jobs_readyexecution")
+    bulk_enqueue([(plain_default, (n,), {}) for n in range(2000)])
+    enqueue_many("A", 3)
+    statements: list[tuple[str, Any]] = []
+
+    def keep(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(keep):
+        enqueue_one("A")
+    ((sql, params),) = statements
+    numbered = sql.split("%s")
+    prepared = "".join(
+        part + (f"${n + 1}" if n < len(numbered) - 1 else "") for n, part in enumerate(numbered)
+    )
+    with connection.cursor() as cursor:
+        if statistics == "analyzed":
+            cursor.execute("ANALYZE django_jobs_readyexecution")
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE fair_enqueue AS {prepared}")
+        cursor.execute(f"EXPLAIN EXECUTE fair_enqueue({', '.join(['%s'] * len(params))})", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("DEALLOCATE fair_enqueue")
+    assert "jobs_ready_poll" in plan and "jobs_ready_order" not in plan, plan
+
+
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's plan")
 @pytest.mark.django_db
 def test_the_queues_head_is_one_index_read(fair):
