@@ -8,11 +8,17 @@ PostgreSQL and MariaDB only: SQLite serialises whole write transactions.
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import pytest
-from django.db import connection  # noqa: F401  (skipif reads it)
+from django.db import (
+    OperationalError,
+    connection,  # noqa: F401  (skipif reads it)
+)
 
 from django_jobs import workflow
-from django_jobs.core import claimed, dependencies, dependency_graph, workflows
+from django_jobs.core import claimed, dependencies, dependency_graph, enqueue, workflows
 from django_jobs.core.claimed import fail_job, finish_job
 from django_jobs.core.operator import cancel_job
 from django_jobs.core.processes import register_process
@@ -259,7 +265,7 @@ def test_a_parent_finishing_as_a_job_starts_waiting_for_it_releases_that_job(
 
 
 def test_unprotected_an_unlocked_read_of_the_parent_strands_the_job(monkeypatch, worker):
-    def unlocked_parents(db, ids):
+    def unlocked_parents(db, ids, **_):
         rows = (
             Job.objects.using(db)
             .filter(pk__in=sorted(ids))
@@ -276,3 +282,85 @@ def test_unprotected_an_unlocked_read_of_the_parent_strands_the_job(monkeypatch,
     # released nothing: the job waits for a job that has ended.
     assert Job.objects.get(pk=child).status == JobStatus.AWAITING
     assert AwaitingExecution.objects.get(job_id=child).remaining == 1
+
+
+# --- an enqueue waiting for a finish batch's job and for a dependent that batch releases ---
+
+
+def race_enqueue_against_a_finish_batch(monkeypatch, worker) -> tuple[Runner, Runner, int, bool]:
+    """A finish batch of G and F holds both job rows and pauses before it settles G's
+    edges, which makes D (G's dependent, an id below F's) ready; meanwhile
+    ``using(after=[D, F])`` locks its parents in ascending order: D, then F. Then the finish
+    goes on. The runners (finished), D's id, and whether the enqueue met F's row held and
+    paused (else it waited for the row)."""
+    with workflow() as wf:
+        g = wf.add(wt.step, "g")
+        d = wf.add(wt.step, "d", after=[g])
+    f = wt.step.enqueue("f")
+    assert int(d.id) < int(f.id)
+    first, second = claimed_parents(worker, 2)
+    assert (first.pk, second.pk) == (int(g.id), int(f.id))
+    paused = Paused(monkeypatch, claimed, "settle_ended", before=True)
+    finishing = Runner(
+        lambda: claimed.finish_jobs(DB, worker.pk, {first.pk: "g", second.pk: "f"}), paused
+    )
+    finishing.start()
+    assert paused.reached.wait(10)  # G and F succeeded, rows held; D not yet released
+    met_busy_parent = threading.Event()
+    pause = enqueue.pause_for_parents
+
+    def noted_pause(seconds: float) -> None:
+        met_busy_parent.set()
+        pause(seconds)
+
+    monkeypatch.setattr(enqueue, "pause_for_parents", noted_pause)
+    enqueueing = Runner(lambda: int(wt.merge.using(after=[d, f]).enqueue().id))
+    enqueueing.start()
+    wait_for(
+        lambda: met_busy_parent.is_set() or enqueueing.blocked_or_done(),
+        "the enqueue to meet F's row held",
+    )
+    paused.resume.set()
+    finishing.join(20)
+    enqueueing.join(20)
+    return finishing, enqueueing, int(d.id), met_busy_parent.is_set()
+
+
+def test_an_enqueue_waits_for_no_parent_a_finish_batch_holds(monkeypatch, worker, caplog):
+    """Protection: in its own transaction the enqueue locks its parents all at once or none
+    (NOWAIT); finding F's row held, it rolls back, letting go of D, and runs again after a
+    pause, while the finish releases D and commits. Nobody waits in a cycle: no deadlock."""
+    with caplog.at_level(logging.INFO, logger="django_jobs"):
+        finishing, enqueueing, dependent, met_busy = race_enqueue_against_a_finish_batch(
+            monkeypatch, worker
+        )
+    assert met_busy
+    assert finishing.finish() is not None and len(finishing.result) == 2
+    child = enqueueing.finish()
+    assert not [r for r in caplog.records if "deadlock" in r.getMessage()]
+    assert Job.objects.get(pk=dependent).status == JobStatus.READY
+    # F had succeeded when the enqueue ran again; D, ready, still counts.
+    assert Job.objects.get(pk=child).status == JobStatus.AWAITING
+    assert AwaitingExecution.objects.get(job_id=child).remaining == 1
+
+
+def test_unprotected_an_enqueue_waiting_for_its_parents_deadlocks_with_a_finish_batch(
+    monkeypatch, worker, caplog
+):
+    """The twin: parents locked one after another, waiting for each (as inside a caller's
+    transaction). The enqueue holds D and waits for F; the finish holds F and wants D: the
+    database breaks the cycle by failing one of them (an enqueue it fails is retried)."""
+    waiting = dependency_graph.lock_parents
+    monkeypatch.setattr(
+        dependency_graph, "lock_parents", lambda db, ids, wait=True: waiting(db, ids)
+    )
+    with caplog.at_level(logging.INFO, logger="django_jobs"):
+        finishing, enqueueing, _, met_busy = race_enqueue_against_a_finish_batch(
+            monkeypatch, worker
+        )
+    assert not met_busy
+    enqueue_retried = any("deadlock victim" in r.getMessage() for r in caplog.records)
+    finish_failed = (
+        isinstance(finishing.error, OperationalError) and "deadlock" in str(finishing.error).lower()
+    )
+    assert enqueue_retried or finish_failed, (finishing.error, enqueueing.error)

@@ -8,6 +8,14 @@ ended (counted at once) or sees the edge. It takes no semaphore after those rows
 lock order of ``core/dependencies.py``): a job with a concurrency key goes in scheduled,
 due now, and is admitted after the commit. What happens when a job it waits for ends is
 ``core/dependencies.py``.
+
+In its own transaction it waits for none of those rows: a finish holds the rows of the jobs
+it ends and then takes their dependents' (to make them ready), an order no order of parents
+can follow (the job ended and the dependent are any two of the enqueue's parents), so an
+enqueue that held a dependent while waiting for the ended job deadlocked with the finish
+(InnoDB, the workflow stress test). It locks them all or none (``NOWAIT``); when one is
+held, it rolls back, holding nothing, and runs again (``core.enqueue.bulk_enqueue``).
+Inside the caller's ``atomic()`` it cannot roll back alone, and waits as before.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from django.db import OperationalError
 from django.tasks import Task
 
 from django_jobs.core.batches import count_outcomes, current_job_id
@@ -107,19 +116,46 @@ class ParentRow:
     workflow_id: int | None
 
 
-def lock_parents(db: str, ids: Collection[int]) -> dict[int, ParentRow]:
+class ParentsBusy(Exception):
+    """Another transaction holds the row of a job the enqueue waits for, and the enqueue
+    asked not to wait for it (``lock_parents(wait=False)``): it rolls back and runs again."""
+
+
+# The errors of a locking read that would have waited (NOWAIT): PostgreSQL's
+# lock_not_available; MariaDB's lock wait timeout, which is what its NOWAIT raises;
+# MySQL 8's ER_LOCK_NOWAIT.
+LOCK_NOT_AVAILABLE = "55P03"
+MYSQL_NOWAIT_ERRORS = (1205, 3572)
+
+
+def is_lock_busy(exc: OperationalError) -> bool:
+    if exc.args and exc.args[0] in MYSQL_NOWAIT_ERRORS:
+        return True
+    cause = exc.__cause__
+    return (
+        getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    ) == LOCK_NOT_AVAILABLE
+
+
+def lock_parents(db: str, ids: Collection[int], *, wait: bool = True) -> dict[int, ParentRow]:
     """Lock the rows of the existing jobs ``ids`` (ascending) and read their state under
-    the lock; refuse an id of no job."""
+    the lock; refuse an id of no job. ``wait=False``: all of them at once or none, raising
+    :class:`ParentsBusy` if one is held (the module's docstring says why)."""
     if not ids:
         return {}
     rows = (
         Job.objects.using(db)
-        .select_for_update()
+        .select_for_update(nowait=not wait)
         .filter(pk__in=sorted(ids))
         .order_by("pk")
         .values_list("pk", "status", "workflow_id")
     )
-    found = {pk: ParentRow(status, workflow_id) for pk, status, workflow_id in rows}
+    try:
+        found = {pk: ParentRow(status, workflow_id) for pk, status, workflow_id in rows}
+    except OperationalError as exc:
+        if wait or not is_lock_busy(exc):
+            raise
+        raise ParentsBusy(f"a job of {sorted(ids)} is locked by another transaction") from exc
     missing = sorted(set(ids) - set(found))
     if missing:
         raise InvalidDependency(
@@ -163,6 +199,8 @@ def write_graph(
     graph: Graph,
     insert_unique: Any,
     unique_order: Iterable[int],
+    *,
+    wait_for_parents: bool = True,
 ) -> dict[int, Job]:
     """Write the jobs of one enqueue that has dependencies, inside the caller's transaction.
 
@@ -173,9 +211,10 @@ def write_graph(
     whose dependency has failed for good meets its policy at once. The others wait,
     ``AWAITING``. Returns the holders of unique keys already taken, by call index: such
     a call's node is the holder, and what waits for it waits for the holder.
+    ``wait_for_parents=False``: :class:`ParentsBusy` where a parent's row is held.
     """
     jobs = [job for job, _ in prepared]
-    parents = lock_parents(db, graph.external())
+    parents = lock_parents(db, graph.external(), wait=wait_for_parents)
     workflow_id = new_workflow(db, graph, parents)
     graph.workflow_id = workflow_id
     mark_parents(db, parents, workflow_id)
@@ -195,7 +234,9 @@ def write_graph(
         if holder is not None:
             holders[index] = holder
     waited_for = {item for items in graph.after.values() for item in items if isinstance(item, int)}
-    held = lock_parents(db, {holders[i].pk for i in waited_for if i in holders})
+    held = lock_parents(
+        db, {holders[i].pk for i in waited_for if i in holders}, wait=wait_for_parents
+    )
     mark_parents(db, held, workflow_id)
     node = {
         index: (holders[index].pk if index in holders else job.pk) for index, job in enumerate(jobs)

@@ -14,6 +14,7 @@ concurrency key's semaphore (``core.admission``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import cache
@@ -28,7 +29,13 @@ from django.utils import timezone
 
 from django_jobs.conf import fair_queue_names, fair_queues_problem, raw_setting
 from django_jobs.core.admission import admit_jobs
-from django_jobs.core.dependency_graph import Graph, check_databases, graph_of, write_graph
+from django_jobs.core.dependency_graph import (
+    Graph,
+    ParentsBusy,
+    check_databases,
+    graph_of,
+    write_graph,
+)
 from django_jobs.core.uniqueness import insert_unique, retry_after, unique_in_key_order
 from django_jobs.db import features, ops
 from django_jobs.db.transactions import hot_transaction
@@ -109,11 +116,24 @@ def bulk_enqueue(
         return []
     connection = connections[backend.database]
     own_transaction = connection.get_autocommit() and not connection.in_atomic_block
+    # In its own transaction the enqueue waits for no parent's row (core.dependency_graph):
+    # it runs again, a little later each time, and after PARENTS_PATIENCE waits for them.
+    wait_for_parents = not own_transaction
+    busy_since: float | None = None
+    busy = 0
     attempt = 1
     while True:
         try:
-            results, new = write_calls(backend, calls, batch, graph)
+            results, new = write_calls(backend, calls, batch, graph, wait_for_parents)
             break
+        except ParentsBusy:
+            now = time.monotonic()
+            busy_since = now if busy_since is None else busy_since
+            if now - busy_since >= PARENTS_PATIENCE:
+                wait_for_parents = True
+            pause_for_parents(min(PARENTS_PAUSE_MAX, PARENTS_PAUSE * 2**busy))
+            busy += 1
+            continue
         except OperationalError as exc:
             if not retry_after(exc, attempt, own_transaction=own_transaction):
                 raise
@@ -124,8 +144,24 @@ def bulk_enqueue(
     return results
 
 
+# An enqueue whose parents' rows another transaction holds tries again after PARENTS_PAUSE,
+# twice as long each time up to PARENTS_PAUSE_MAX, and waits for the rows after
+# PARENTS_PATIENCE (seconds): a finish holds them for milliseconds.
+PARENTS_PAUSE = 0.002
+PARENTS_PAUSE_MAX = 0.05
+PARENTS_PATIENCE = 2.0
+
+
+def pause_for_parents(seconds: float) -> None:
+    time.sleep(seconds)
+
+
 def write_calls(
-    backend: EnqueuingBackend, calls: list[Call], batch: Batch | None, graph: Graph | None = None
+    backend: EnqueuingBackend,
+    calls: list[Call],
+    batch: Batch | None,
+    graph: Graph | None = None,
+    wait_for_parents: bool = True,
 ) -> tuple[list[TaskResult], list[TaskResult]]:
     """One attempt at :func:`bulk_enqueue`: prepare every job, then write them all.
 
@@ -144,7 +180,14 @@ def write_calls(
     if graph is not None:
         check_databases(db, graph, backend_databases(graph))
         with hot_transaction(db):
-            holders = write_graph(db, prepared, graph, insert_unique, unique_in_key_order(prepared))
+            holders = write_graph(
+                db,
+                prepared,
+                graph,
+                insert_unique,
+                unique_in_key_order(prepared),
+                wait_for_parents=wait_for_parents,
+            )
             held = {index: backend.get_result(str(holder.pk)) for index, holder in holders.items()}
         return results_of(prepared, held)
     plain = plain_ready_jobs(prepared)
