@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, connections, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import bulk_enqueue
@@ -225,6 +226,50 @@ def test_a_job_let_in_by_its_concurrency_slot_takes_the_queues_head(fair, worker
 needs_row_locks = pytest.mark.skipif(
     "connection.vendor == 'sqlite'", reason="SQLite serialises writers: no row locks to race"
 )
+
+
+@pytest.mark.skipif("connection.vendor != 'mysql'", reason="MySQL/MariaDB's enqueue procedure")
+@pytest.mark.django_db(transaction=True)
+def test_the_procedures_head_read_locks_no_ready_row(fair):
+    """The procedure reads the head inside its locking read of the stamp, as a subquery: a
+    plain read, which locks nothing (InnoDB locks a subquery's rows only when it says FOR
+    UPDATE itself). While a fair enqueue's transaction is open, the head's ready row can
+    still be locked at once, as a claim locks it; with FOR UPDATE in the subquery it could
+    not (MariaDB: "Lock wait timeout exceeded", this test's NOWAIT)."""
+    enqueue_many("A", 3)
+    enqueue_many("B", 3)
+    head = ReadyExecution.objects.order_by("turn", "job_id").first()
+    assert head is not None
+    holding, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def enqueue_and_hold() -> None:
+        try:
+            with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+                enqueue_one("A")
+                calls.extend(q["sql"] for q in queries.captured_queries)
+                holding.set()
+                assert release.wait(10)
+        finally:
+            holding.set()
+            connections.close_all()
+
+    thread = threading.Thread(target=enqueue_and_hold)
+    thread.start()
+    assert holding.wait(10)
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT job_id FROM django_jobs_readyexecution WHERE job_id = %s FOR UPDATE NOWAIT",
+                [head.job_id],
+            )
+            assert cursor.fetchone() == (head.job_id,)
+    except OperationalError as exc:
+        pytest.fail(f"the open fair enqueue holds a lock on the head's ready row: {exc}")
+    finally:
+        release.set()
+        thread.join(10)
+    assert any(sql.startswith("CALL ") for sql in calls), calls
 
 
 def race_two_enqueues_of_one_group(way: str) -> tuple[list[int], list[int]]:
