@@ -410,19 +410,21 @@ def test_unprotected_one_statement_reading_the_stamp_in_its_snapshot_shares_a_tu
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's one statement")
 @pytest.mark.django_db
-@pytest.mark.parametrize("statistics", ["none", "analyzed"])
-def test_the_one_statements_head_reads_its_queues_index_in_the_plan_a_prepared_statement_keeps(
+@pytest.mark.parametrize("statistics", ["truncated", "analyzed"])
+def test_the_one_statements_head_reads_a_few_index_pages_in_the_plan_a_prepared_statement_keeps(
     fair, statistics
 ):
-    """The generic plan (what a prepared single enqueue runs once psycopg has prepared it)
-    with another queue's backlog at lower turns: the head is read from ``jobs_ready_poll``.
-    Written with ``queue_name =``, a plan made while the table had no statistics (new, or
-    emptied by TRUNCATE) walked ``jobs_ready_order`` through that backlog on every enqueue."""
+    """The generic plan (what a prepared single enqueue runs once psycopg has prepared it) of
+    a fair enqueue at priority 5, a level with nothing ready, beside 5,000 ready jobs of
+    another queue at priority 5 and 5,000 of the fair queue at priority 0: its head read
+    touches a few pages of ``jobs_ready_poll``, nothing else of the ready table. Two ways it
+    walked thousands of rows: with ``queue_name =``, a plan made while the table was empty
+    (a new install, or one emptied by TRUNCATE) and kept as it filled read
+    ``jobs_ready_order`` through the other queue's rows; with the name as a range of one,
+    the priority was a filter and the scan went on through the queue's priority 0."""
     with connection.cursor() as cursor:
-        # Statistics as a new table has them (none): TRUNCATE forgets them, until rollback.
+        # No row count, as a new table (TRUNCATE forgets it until the test's rollback).
         cursor.execute("TRUNCATE django_jobs_readyexecution")
-    bulk_enqueue([(plain_default, (n,), {}) for n in range(2000)])
-    enqueue_many("A", 3)
     statements: list[tuple[str, Any]] = []
 
     def keep(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -430,21 +432,54 @@ def test_the_one_statements_head_reads_its_queues_index_in_the_plan_a_prepared_s
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(keep):
-        enqueue_one("A")
+        enqueue_one("A", priority=5)
     ((sql, params),) = statements
     numbered = sql.split("%s")
     prepared = "".join(
         part + (f"${n + 1}" if n < len(numbered) - 1 else "") for n, part in enumerate(numbered)
     )
-    with connection.cursor() as cursor:
-        if statistics == "analyzed":
+    placeholders = ", ".join(["%s"] * len(params))
+    explain = f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE fair_enqueue({placeholders})"
+
+    def prepare() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            cursor.execute(f"PREPARE fair_enqueue AS {prepared}")
+            # The generic plan, made now and kept (EXPLAIN alone: nothing is inserted).
+            cursor.execute(f"EXPLAIN EXECUTE fair_enqueue({placeholders})", params)
+
+    if statistics == "truncated":
+        prepare()  # on the table as an enqueue into a new install finds it
+    bulk_enqueue([(plain_default.using(priority=5), (n,), {}) for n in range(5000)])
+    bulk_enqueue([(tenant_report, (f"t{n % 50}",), {}) for n in range(5000)])
+    ReadyExecution.objects.filter(queue_name="reports", priority=5).delete()
+    if statistics == "analyzed":
+        with connection.cursor() as cursor:
             cursor.execute("ANALYZE django_jobs_readyexecution")
-        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        cursor.execute(f"PREPARE fair_enqueue AS {prepared}")
-        cursor.execute(f"EXPLAIN EXECUTE fair_enqueue({', '.join(['%s'] * len(params))})", params)
-        plan = "\n".join(row[0] for row in cursor.fetchall())
+        prepare()
+    with connection.cursor() as cursor:
+        cursor.execute(explain, params)
+        (plan,) = cursor.fetchone()[0]
         cursor.execute("DEALLOCATE fair_enqueue")
-    assert "jobs_ready_poll" in plan and "jobs_ready_order" not in plan, plan
+    reads = [
+        node
+        for node in plan_nodes(plan["Plan"])
+        if node.get("Relation Name") == "django_jobs_readyexecution"
+        and node.get("Index Name") != "django_jobs_readyexecution_pkey"
+        and "Scan" in node["Node Type"]
+    ]
+    assert [node.get("Index Name") for node in reads] == ["jobs_ready_poll"], plan
+    (head,) = reads
+    pages = head["Shared Hit Blocks"] + head["Shared Read Blocks"]
+    assert head["Actual Rows"] == 0 and pages <= 5, head
+
+
+def plan_nodes(node: dict) -> list[dict]:
+    """A JSON plan node and every node under it."""
+    found = [node]
+    for child in node.get("Plans", []):
+        found += plan_nodes(child)
+    return found
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's plan")

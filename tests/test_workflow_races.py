@@ -17,8 +17,8 @@ from django.db import (
     connection,  # noqa: F401  (skipif reads it)
 )
 
-from django_jobs import workflow
-from django_jobs.core import claimed, dependencies, dependency_graph, enqueue, workflows
+from django_jobs import enqueue_batch, workflow
+from django_jobs.core import attempts, claimed, dependencies, dependency_graph, workflows
 from django_jobs.core.claimed import fail_job, finish_job
 from django_jobs.core.operator import cancel_job
 from django_jobs.core.processes import register_process
@@ -287,12 +287,30 @@ def test_unprotected_an_unlocked_read_of_the_parent_strands_the_job(monkeypatch,
 # --- an enqueue waiting for a finish batch's job and for a dependent that batch releases ---
 
 
-def race_enqueue_against_a_finish_batch(monkeypatch, worker) -> tuple[Runner, Runner, int, bool]:
+def enqueue_waiting_for(way: str, parents: list) -> int:
+    """One job waiting for ``parents``, enqueued ``way``; its id."""
+    if way == "using":
+        return int(wt.merge.using(after=parents).enqueue().id)
+    if way == "workflow":
+        with workflow() as wf:
+            node = wf.add(wt.merge, after=parents)
+        return int(node.result.id)
+    (result,) = enqueue_batch([(wt.merge.using(after=parents), (), {})]).results
+    return int(result.id)
+
+
+WAYS = ["using", "workflow", "enqueue_batch"]
+
+
+def race_enqueue_against_a_finish_batch(
+    monkeypatch, worker, way: str
+) -> tuple[Runner, Runner, int, bool]:
     """A finish batch of G and F holds both job rows and pauses before it settles G's
     edges, which makes D (G's dependent, an id below F's) ready; meanwhile
     ``using(after=[D, F])`` locks its parents in ascending order: D, then F. Then the finish
-    goes on. The runners (finished), D's id, and whether the enqueue met F's row held and
-    paused (else it waited for the row)."""
+    goes on; the enqueue is made ``way`` (each runs its tries, core.attempts). The runners
+    (finished), D's id, and whether the enqueue met F's row held and paused (else it waited
+    for the row)."""
     with workflow() as wf:
         g = wf.add(wt.step, "g")
         d = wf.add(wt.step, "d", after=[g])
@@ -307,14 +325,16 @@ def race_enqueue_against_a_finish_batch(monkeypatch, worker) -> tuple[Runner, Ru
     finishing.start()
     assert paused.reached.wait(10)  # G and F succeeded, rows held; D not yet released
     met_busy_parent = threading.Event()
-    pause = enqueue.pause_for_parents
+    pause = attempts.pause_for_parents
 
     def noted_pause(seconds: float) -> None:
         met_busy_parent.set()
         pause(seconds)
 
-    monkeypatch.setattr(enqueue, "pause_for_parents", noted_pause)
-    enqueueing = Runner(lambda: int(wt.merge.using(after=[d, f]).enqueue().id))
+    monkeypatch.setattr(attempts, "pause_for_parents", noted_pause)
+    # However slow this machine, the enqueue never gives up and waits (a minute's patience).
+    monkeypatch.setattr(attempts, "PARENTS_PATIENCE", 60.0)
+    enqueueing = Runner(lambda: enqueue_waiting_for(way, [d, f]))
     enqueueing.start()
     wait_for(
         lambda: met_busy_parent.is_set() or enqueueing.blocked_or_done(),
@@ -326,13 +346,14 @@ def race_enqueue_against_a_finish_batch(monkeypatch, worker) -> tuple[Runner, Ru
     return finishing, enqueueing, int(d.id), met_busy_parent.is_set()
 
 
-def test_an_enqueue_waits_for_no_parent_a_finish_batch_holds(monkeypatch, worker, caplog):
+@pytest.mark.parametrize("way", WAYS)
+def test_an_enqueue_waits_for_no_parent_a_finish_batch_holds(monkeypatch, worker, caplog, way):
     """Protection: in its own transaction the enqueue locks its parents all at once or none
     (NOWAIT); finding F's row held, it rolls back, letting go of D, and runs again after a
     pause, while the finish releases D and commits. Nobody waits in a cycle: no deadlock."""
     with caplog.at_level(logging.INFO, logger="django_jobs"):
         finishing, enqueueing, dependent, met_busy = race_enqueue_against_a_finish_batch(
-            monkeypatch, worker
+            monkeypatch, worker, way
         )
     assert met_busy
     assert finishing.finish() is not None and len(finishing.result) == 2
@@ -344,8 +365,9 @@ def test_an_enqueue_waits_for_no_parent_a_finish_batch_holds(monkeypatch, worker
     assert AwaitingExecution.objects.get(job_id=child).remaining == 1
 
 
+@pytest.mark.parametrize("way", WAYS)
 def test_unprotected_an_enqueue_waiting_for_its_parents_deadlocks_with_a_finish_batch(
-    monkeypatch, worker, caplog
+    monkeypatch, worker, caplog, way
 ):
     """The twin: parents locked one after another, waiting for each (as inside a caller's
     transaction). The enqueue holds D and waits for F; the finish holds F and wants D: the
@@ -356,7 +378,7 @@ def test_unprotected_an_enqueue_waiting_for_its_parents_deadlocks_with_a_finish_
     )
     with caplog.at_level(logging.INFO, logger="django_jobs"):
         finishing, enqueueing, _, met_busy = race_enqueue_against_a_finish_batch(
-            monkeypatch, worker
+            monkeypatch, worker, way
         )
     assert not met_busy
     enqueue_retried = any("deadlock victim" in r.getMessage() for r in caplog.records)

@@ -27,6 +27,7 @@ from django.tasks import Task, TaskResult, task_backends
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
+from django_jobs.core.attempts import retried
 from django_jobs.core.ready import make_ready
 from django_jobs.models import Batch, Job, JobStatus, ScheduledExecution
 from django_jobs.tasks.job_task import checked_calls
@@ -86,20 +87,28 @@ def enqueue_batch(
     ):
         raise InvalidTask("a batch's concurrency_limit must be an integer >= 1")
     db = backend.database
-    with transaction.atomic(using=db):
-        batch = Batch.objects.using(db).create(
-            description=description[:255],
-            total=len(calls),
-            pending=len(calls),
-            callbacks=specs,
-            concurrency_limit=concurrency_limit,
-            parent_job_id=current_job_id.get(),
-        )
-        results = backend.bulk_enqueue(calls, batch=batch) if calls else []
-        if not calls:
-            # Nothing to wait for: complete now (the row is ours until this commits).
-            complete(db, batch)
-            batch.save(using=db, update_fields=["finished_at", "callback_jobs"])
+
+    def attempt(wait_for_parents: bool) -> tuple[Batch, list[TaskResult]]:
+        with transaction.atomic(using=db):
+            batch = Batch.objects.using(db).create(
+                description=description[:255],
+                total=len(calls),
+                pending=len(calls),
+                callbacks=specs,
+                concurrency_limit=concurrency_limit,
+                parent_job_id=current_job_id.get(),
+            )
+            if not calls:
+                # Nothing to wait for: complete now (the row is ours until this commits).
+                complete(db, batch)
+                batch.save(using=db, update_fields=["finished_at", "callback_jobs"])
+                return batch, []
+            return batch, backend.bulk_enqueue(
+                calls, batch=batch, wait_for_parents=wait_for_parents
+            )
+
+    # Its tries run here, around the batch's row: core.attempts.
+    batch, results = retried(db, attempt)
     return BatchResult(id=batch.pk, results=results)
 
 

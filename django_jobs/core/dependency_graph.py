@@ -14,7 +14,7 @@ it ends and then takes their dependents' (to make them ready), an order no order
 can follow (the job ended and the dependent are any two of the enqueue's parents), so an
 enqueue that held a dependent while waiting for the ended job deadlocked with the finish
 (InnoDB, the workflow stress test). It locks them all or none (``NOWAIT``); when one is
-held, it rolls back, holding nothing, and runs again (``core.enqueue.bulk_enqueue``).
+held, it rolls back, holding nothing, and runs again (``core.attempts``).
 Inside the caller's ``atomic()`` it cannot roll back alone, and waits as before.
 """
 
@@ -27,6 +27,7 @@ from typing import Any, cast
 from django.db import OperationalError
 from django.tasks import Task
 
+from django_jobs.core.attempts import ParentsBusy
 from django_jobs.core.batches import count_outcomes, current_job_id
 from django_jobs.core.dependencies import (
     FAILED_PARENT_STATUSES,
@@ -114,11 +115,6 @@ def check_databases(db: str, graph: Graph, backends: Mapping[str, str]) -> None:
 class ParentRow:
     status: str
     workflow_id: int | None
-
-
-class ParentsBusy(Exception):
-    """Another transaction holds the row of a job the enqueue waits for, and the enqueue
-    asked not to wait for it (``lock_parents(wait=False)``): it rolls back and runs again."""
 
 
 # The errors of a locking read that would have waited (NOWAIT): PostgreSQL's

@@ -14,14 +14,12 @@ concurrency key's semaphore (``core.admission``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import cache
 from inspect import iscoroutinefunction
 from typing import Any, Protocol, cast
 
-from django.db import OperationalError, connections
 from django.tasks import Task, TaskResult
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
@@ -29,14 +27,9 @@ from django.utils import timezone
 
 from django_jobs.conf import fair_queue_names, fair_queues_problem, raw_setting
 from django_jobs.core.admission import admit_jobs
-from django_jobs.core.dependency_graph import (
-    Graph,
-    ParentsBusy,
-    check_databases,
-    graph_of,
-    write_graph,
-)
-from django_jobs.core.uniqueness import insert_unique, retry_after, unique_in_key_order
+from django_jobs.core.attempts import retried
+from django_jobs.core.dependency_graph import Graph, check_databases, graph_of, write_graph
+from django_jobs.core.uniqueness import insert_unique, unique_in_key_order
 from django_jobs.db import features, ops
 from django_jobs.db.transactions import hot_transaction
 from django_jobs.exceptions import InvalidDependency
@@ -95,6 +88,7 @@ def bulk_enqueue(
     *,
     batch: Batch | None = None,
     graph: Graph | None = None,
+    wait_for_parents: bool | None = None,
 ) -> list[TaskResult]:
     """Enqueue many calls in one transaction and a handful of queries.
 
@@ -109,51 +103,29 @@ def bulk_enqueue(
     when the transaction was this call's own: nothing else was in it, so
     running it again is safe. Inside the caller's ``atomic()`` the whole
     transaction is already gone, and only the caller can run it again: the
-    error is raised with a note saying so (docs/unique.md).
+    error is raised with a note saying so (docs/unique.md). In its own
+    transaction it waits for no row of a job it waits for (``after=``):
+    finding one held, it rolls back and runs again (``core.attempts``).
+
+    ``wait_for_parents``: set by an enqueue of ours that holds the transaction
+    and runs the tries itself (``workflow()``, ``enqueue_batch()``): this is one
+    try, whose :class:`~django_jobs.core.attempts.ParentsBusy` and deadlocks go
+    to it.
     """
     calls = checked_calls(calls, "bulk_enqueue()")
     if not calls:
         return []
-    connection = connections[backend.database]
-    own_transaction = connection.get_autocommit() and not connection.in_atomic_block
-    # In its own transaction the enqueue waits for no parent's row (core.dependency_graph):
-    # it runs again, a little later each time, and after PARENTS_PATIENCE waits for them.
-    wait_for_parents = not own_transaction
-    busy_since: float | None = None
-    busy = 0
-    attempt = 1
-    while True:
-        try:
-            results, new = write_calls(backend, calls, batch, graph, wait_for_parents)
-            break
-        except ParentsBusy:
-            now = time.monotonic()
-            busy_since = now if busy_since is None else busy_since
-            if now - busy_since >= PARENTS_PATIENCE:
-                wait_for_parents = True
-            pause_for_parents(min(PARENTS_PAUSE_MAX, PARENTS_PAUSE * 2**busy))
-            busy += 1
-            continue
-        except OperationalError as exc:
-            if not retry_after(exc, attempt, own_transaction=own_transaction):
-                raise
-        attempt += 1
+    if wait_for_parents is None:
+        results, new = retried(
+            backend.database, lambda wait: write_calls(backend, calls, batch, graph, wait)
+        )
+    else:
+        # One try, inside an enqueue of the caller's that runs its tries (core.attempts).
+        results, new = write_calls(backend, calls, batch, graph, wait_for_parents)
     # Outside the retried part: a receiver's error must never enqueue the calls again.
     for result in new:
         task_enqueued.send(type(backend), task_result=result)
     return results
-
-
-# An enqueue whose parents' rows another transaction holds tries again after PARENTS_PAUSE,
-# twice as long each time up to PARENTS_PAUSE_MAX, and waits for the rows after
-# PARENTS_PATIENCE (seconds): a finish holds them for milliseconds.
-PARENTS_PAUSE = 0.002
-PARENTS_PAUSE_MAX = 0.05
-PARENTS_PATIENCE = 2.0
-
-
-def pause_for_parents(seconds: float) -> None:
-    time.sleep(seconds)
 
 
 def write_calls(

@@ -18,19 +18,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import OperationalError, connections, transaction
+from django.db import transaction
 from django.db.models import Count, Exists, Max, OuterRef
 from django.tasks import Task, TaskResult, task_backends
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
 from django_jobs.core import dependencies
+from django_jobs.core.attempts import retried
 from django_jobs.core.batches import CALLBACK_NAMES, backend_of, callback_spec, current_job_id
 from django_jobs.core.dependencies import dependency_ids
 from django_jobs.core.dependency_graph import Graph
 from django_jobs.core.enqueue import bulk_enqueue
 from django_jobs.core.operator import cancel_job, request_cancel
-from django_jobs.core.uniqueness import retry_after
 from django_jobs.exceptions import InvalidDependency, JobAlreadyFinished, JobNotFound
 from django_jobs.models import FINISHED_STATUSES, Batch, Job, JobStatus, Workflow
 from django_jobs.tasks.job_task import (
@@ -233,29 +233,14 @@ class WorkflowBuilder:
             "a workflow (workflow(), chain())",
         )
         db = backend.database
-        graph = Graph(name=self.name, new=True)
-        for index, items in self.after.items():
-            if items:
-                graph.after[position[index]] = [
-                    position[item] if isinstance(item, int) else item for item in items
-                ]
-        for index, policy in self.policies.items():
-            graph.policies[position[index]] = policy
         calls = [self.calls[index] for index in order]
-        connection = connections[db]
-        own_transaction = connection.get_autocommit() and not connection.in_atomic_block
-        attempt = 1
-        while True:
-            try:
-                results, batches = self.write(db, backend, calls, graph, position)
-                break
-            except OperationalError as exc:
-                # A deadlock victim, all of it rolled back: when the transaction was this
-                # call's own, it runs again (as bulk_enqueue does, which cannot here: it
-                # runs inside this block, with the batches).
-                if not retry_after(exc, attempt, own_transaction=own_transaction):
-                    raise
-            attempt += 1
+        # Each try from a graph of its own (an enqueue adds the calls' own after= to it),
+        # its tries run here, not by bulk_enqueue, which runs inside this block, with the
+        # batches (core.attempts).
+        results, batches, graph = retried(
+            db,
+            lambda wait: self.write(db, backend, calls, self.graph(position), position, wait),
+        )
         self.results = [results[position[index]] for index in range(len(self.calls))]
         self.batch_ids = [batch.pk for batch in batches]
         assert graph.workflow_id is not None
@@ -264,6 +249,18 @@ class WorkflowBuilder:
         )
         return self.result
 
+    def graph(self, position: dict[int, int]) -> Graph:
+        """What the calls wait for, by their place in the enqueue."""
+        graph = Graph(name=self.name, new=True)
+        for index, items in self.after.items():
+            if items:
+                graph.after[position[index]] = [
+                    position[item] if isinstance(item, int) else item for item in items
+                ]
+        for index, policy in self.policies.items():
+            graph.policies[position[index]] = policy
+        return graph
+
     def write(
         self,
         db: str,
@@ -271,7 +268,8 @@ class WorkflowBuilder:
         calls: list[tuple[Task, tuple[Any, ...], dict[str, Any]]],
         graph: Graph,
         position: dict[int, int],
-    ) -> tuple[list[TaskResult], list[Batch]]:
+        wait_for_parents: bool,
+    ) -> tuple[list[TaskResult], list[Batch], Graph]:
         """One try: the batch rows, then every call, in one transaction."""
         with transaction.atomic(using=db):
             batches = []
@@ -288,7 +286,8 @@ class WorkflowBuilder:
                 batches.append(batch)
                 for index in spec.items:
                     graph.batches[position[index]] = batch
-            return bulk_enqueue(backend, calls, graph=graph), batches
+            results = bulk_enqueue(backend, calls, graph=graph, wait_for_parents=wait_for_parents)
+            return results, batches, graph
 
 
 def topological_order(
