@@ -34,17 +34,12 @@ class JobsBackend(JobsBackendBase):
         return self.bulk_enqueue([(task, args, kwargs)])[0]
 
     def bulk_enqueue(
-        self,
-        calls: Iterable[Call],
-        *,
-        batch: Batch | None = None,
-        wait_for_parents: bool | None = None,
+        self, calls: Iterable[Call], *, batch: Batch | None = None
     ) -> list[TaskResult]:
         """Enqueue many calls in one transaction and a handful of queries, all or nothing
         (:func:`django_jobs.core.enqueue.bulk_enqueue`). ``batch``: the saved batch the
-        jobs are items of, and ``wait_for_parents`` (``django_jobs.core.batches`` passes
-        both, running the tries itself)."""
-        return enqueue.bulk_enqueue(self, calls, batch=batch, wait_for_parents=wait_for_parents)
+        jobs are items of (``django_jobs.core.batches`` passes it)."""
+        return enqueue.bulk_enqueue(self, calls, batch=batch)
 
     def prepare_job(
         self,

@@ -136,6 +136,38 @@ def test_task_enqueued_signal_carries_the_result():
     assert seen == [result.id]
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("way", ["bulk_enqueue", "workflow", "enqueue_batch"])
+def test_task_enqueued_is_sent_once_per_job_after_the_enqueue_committed(way):
+    """Every way that runs its own tries (core.attempts) announces the jobs after them:
+    outside its transaction, the jobs already visible, once each; a try rolled back is
+    never announced."""
+    from django.db import connection
+
+    from django_jobs import enqueue_batch, workflow
+
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append((task_result.id, connection.in_atomic_block))
+        assert Job.objects.filter(pk=int(task_result.id)).exists()
+
+    calls = [(tasks.add, (n, n), {}) for n in range(3)]
+    task_enqueued.connect(receiver)
+    try:
+        if way == "bulk_enqueue":
+            ids = [r.id for r in bulk_enqueue(calls)]
+        elif way == "workflow":
+            with workflow() as wf:
+                nodes = [wf.add(task, *args) for task, args, _ in calls]
+            ids = [node.result.id for node in nodes]
+        else:
+            ids = [r.id for r in enqueue_batch(calls).results]
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert seen == [(pk, False) for pk in ids]
+
+
 @pytest.mark.parametrize(
     "bad",
     [

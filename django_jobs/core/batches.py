@@ -88,7 +88,9 @@ def enqueue_batch(
         raise InvalidTask("a batch's concurrency_limit must be an integer >= 1")
     db = backend.database
 
-    def attempt(wait_for_parents: bool) -> tuple[Batch, list[TaskResult]]:
+    from django_jobs.core.enqueue import announce, write_calls  # imports this module
+
+    def attempt(wait_for_parents: bool) -> tuple[Batch, list[TaskResult], list[TaskResult]]:
         with transaction.atomic(using=db):
             batch = Batch.objects.using(db).create(
                 description=description[:255],
@@ -102,13 +104,12 @@ def enqueue_batch(
                 # Nothing to wait for: complete now (the row is ours until this commits).
                 complete(db, batch)
                 batch.save(using=db, update_fields=["finished_at", "callback_jobs"])
-                return batch, []
-            return batch, backend.bulk_enqueue(
-                calls, batch=batch, wait_for_parents=wait_for_parents
-            )
+                return batch, [], []
+            return batch, *write_calls(backend, calls, batch, None, wait_for_parents)
 
-    # Its tries run here, around the batch's row: core.attempts.
-    batch, results = retried(db, attempt)
+    # Its tries run here, around the batch's row (core.attempts); the jobs announced after.
+    batch, results, new = retried(db, attempt)
+    announce(backend, new)
     return BatchResult(id=batch.pk, results=results)
 
 

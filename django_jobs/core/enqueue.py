@@ -83,21 +83,14 @@ class EnqueuingBackend(Protocol):
 
 
 def bulk_enqueue(
-    backend: EnqueuingBackend,
-    calls: Iterable[Call],
-    *,
-    batch: Batch | None = None,
-    graph: Graph | None = None,
-    wait_for_parents: bool | None = None,
+    backend: EnqueuingBackend, calls: Iterable[Call], *, batch: Batch | None = None
 ) -> list[TaskResult]:
     """Enqueue many calls in one transaction and a handful of queries.
 
     All or nothing: one invalid call raises before anything is written. A
     call of a unique task whose key is held gives the holder's result
     instead of a new job (see ``django_jobs.core.uniqueness``). ``batch``: the
-    (saved) batch the jobs are items of; ``django_jobs.core.batches`` passes it.
-    ``graph``: what the calls wait for, by index (``core.workflows`` builds it; a
-    call's own ``using(after=...)`` is added to it), see ``core.dependencies``.
+    (saved) batch the jobs are items of.
 
     A deadlock the database breaks by rolling this enqueue back is retried
     when the transaction was this call's own: nothing else was in it, so
@@ -106,36 +99,37 @@ def bulk_enqueue(
     error is raised with a note saying so (docs/unique.md). In its own
     transaction it waits for no row of a job it waits for (``after=``):
     finding one held, it rolls back and runs again (``core.attempts``).
-
-    ``wait_for_parents``: set by an enqueue of ours that holds the transaction
-    and runs the tries itself (``workflow()``, ``enqueue_batch()``): this is one
-    try, whose :class:`~django_jobs.core.attempts.ParentsBusy` and deadlocks go
-    to it.
     """
     calls = checked_calls(calls, "bulk_enqueue()")
     if not calls:
         return []
-    if wait_for_parents is None:
-        results, new = retried(
-            backend.database, lambda wait: write_calls(backend, calls, batch, graph, wait)
-        )
-    else:
-        # One try, inside an enqueue of the caller's that runs its tries (core.attempts).
-        results, new = write_calls(backend, calls, batch, graph, wait_for_parents)
-    # Outside the retried part: a receiver's error must never enqueue the calls again.
+    results, new = retried(
+        backend.database, lambda wait: write_calls(backend, calls, batch, None, wait)
+    )
+    announce(backend, new)
+    return results
+
+
+def announce(backend: EnqueuingBackend, new: Iterable[TaskResult]) -> None:
+    """``task_enqueued`` for each job added, once its enqueue has committed (or joined the
+    caller's transaction): after the tries, so that a receiver's error never enqueues the
+    calls again and no receiver hears of a try that was rolled back."""
     for result in new:
         task_enqueued.send(type(backend), task_result=result)
-    return results
 
 
 def write_calls(
     backend: EnqueuingBackend,
-    calls: list[Call],
+    calls: Sequence[Call],
     batch: Batch | None,
     graph: Graph | None = None,
     wait_for_parents: bool = True,
 ) -> tuple[list[TaskResult], list[TaskResult]]:
-    """One attempt at :func:`bulk_enqueue`: prepare every job, then write them all.
+    """One try of an enqueue: prepare every job, then write them all. ``graph``: what the
+    calls wait for, by index (``core.workflows`` builds it; a call's own ``using(after=...)``
+    is added to it, so each try needs a graph of its own), see ``core.dependencies``.
+    ``wait_for_parents``: see ``core.attempts`` (the caller runs the tries, and announces the
+    jobs added after them: :func:`announce`).
 
     Returns every call's result, and the results of the jobs it added (not a
     duplicate's holder), for the ``task_enqueued`` signal.

@@ -29,7 +29,7 @@ from django_jobs.core.attempts import retried
 from django_jobs.core.batches import CALLBACK_NAMES, backend_of, callback_spec, current_job_id
 from django_jobs.core.dependencies import dependency_ids
 from django_jobs.core.dependency_graph import Graph
-from django_jobs.core.enqueue import bulk_enqueue
+from django_jobs.core.enqueue import announce, write_calls
 from django_jobs.core.operator import cancel_job, request_cancel
 from django_jobs.exceptions import InvalidDependency, JobAlreadyFinished, JobNotFound
 from django_jobs.models import FINISHED_STATUSES, Batch, Job, JobStatus, Workflow
@@ -234,13 +234,13 @@ class WorkflowBuilder:
         )
         db = backend.database
         calls = [self.calls[index] for index in order]
-        # Each try from a graph of its own (an enqueue adds the calls' own after= to it),
-        # its tries run here, not by bulk_enqueue, which runs inside this block, with the
-        # batches (core.attempts).
-        results, batches, graph = retried(
+        # The tries run here, around the batches' rows (core.attempts), each from a graph
+        # of its own (a try adds the calls' own after= to it); the jobs are announced after.
+        results, new, batches, graph = retried(
             db,
             lambda wait: self.write(db, backend, calls, self.graph(position), position, wait),
         )
+        announce(backend, new)
         self.results = [results[position[index]] for index in range(len(self.calls))]
         self.batch_ids = [batch.pk for batch in batches]
         assert graph.workflow_id is not None
@@ -269,8 +269,9 @@ class WorkflowBuilder:
         graph: Graph,
         position: dict[int, int],
         wait_for_parents: bool,
-    ) -> tuple[list[TaskResult], list[Batch], Graph]:
-        """One try: the batch rows, then every call, in one transaction."""
+    ) -> tuple[list[TaskResult], list[TaskResult], list[Batch], Graph]:
+        """One try: the batch rows, then every call, in one transaction. Every call's
+        result, those of the jobs added, the batches, the graph."""
         with transaction.atomic(using=db):
             batches = []
             graph.batches.clear()
@@ -286,8 +287,8 @@ class WorkflowBuilder:
                 batches.append(batch)
                 for index in spec.items:
                     graph.batches[position[index]] = batch
-            results = bulk_enqueue(backend, calls, graph=graph, wait_for_parents=wait_for_parents)
-            return results, batches, graph
+            results, new = write_calls(backend, calls, None, graph, wait_for_parents)
+            return results, new, batches, graph
 
 
 def topological_order(
