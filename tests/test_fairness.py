@@ -231,11 +231,10 @@ needs_row_locks = pytest.mark.skipif(
 @pytest.mark.skipif("connection.vendor != 'mysql'", reason="MySQL/MariaDB's enqueue procedure")
 @pytest.mark.django_db(transaction=True)
 def test_the_procedures_head_read_locks_no_ready_row(fair):
-    """The procedure reads the head inside its locking read of the stamp, as a subquery: a
-    plain read, which locks nothing (InnoDB locks a subquery's rows only when it says FOR
-    UPDATE itself). While a fair enqueue's transaction is open, the head's ready row can
-    still be locked at once, as a claim locks it; with FOR UPDATE in the subquery it could
-    not (MariaDB: "Lock wait timeout exceeded", this test's NOWAIT)."""
+    """The procedure reads the queue's head with a plain read, which locks nothing: while a
+    fair enqueue's transaction is open, the head's ready row can still be locked at once, as
+    a claim locks it. With FOR UPDATE on that read it could not (MariaDB: "Lock wait timeout
+    exceeded", this test's NOWAIT)."""
     enqueue_many("A", 3)
     enqueue_many("B", 3)
     head = ReadyExecution.objects.order_by("turn", "job_id").first()

@@ -153,12 +153,10 @@ def fair_procedure_sql(
     under its lock, was one no enqueue writes (the caller logs it; the turn is then the FIFO
     one).
 
-    For a group that has a stamp, three statements: a locking read of the stamp (the latest
-    committed version, waiting for an enqueue of the group that holds it; at READ COMMITTED
-    the next read then sees that enqueue's ready row), which reads the head too (a
-    subquery, a plain read of the statement's snapshot: as old as a head read before the
-    lock, which it was in four statements); whether the group's last job still waits (its
-    ready row, by the stamp's ``last_job_id``); the new stamp. A
+    For a group that has a stamp, four statements: the head; a locking read of the stamp
+    (the latest committed version, waiting for an enqueue of the group that holds it; at
+    READ COMMITTED the next read then sees that enqueue's ready row); whether the group's
+    last job still waits (its ready row, by the stamp's ``last_job_id``); the new stamp. A
     new group's row is made first by an upsert, as 0024's version made every one (an upsert
     that finds the row costs more than the locking read: InnoDB inserts, meets the unique
     key, undoes, updates). The waiting job is read by a statement of its own: inside an
@@ -183,10 +181,6 @@ def fair_procedure_sql(
             f"prior_ IS NOT NULL AND EXISTS (SELECT 1 FROM {ready} WHERE queue_name = "
             "p_queue_name AND priority = p_priority AND turn = prior_)"
         )
-    head = (
-        f"(SELECT turn FROM {ready} WHERE queue_name = p_queue_name "
-        "AND priority = p_priority ORDER BY turn LIMIT 1)"
-    )
     return f"""
 CREATE PROCEDURE {PROCEDURE}(
   IN own_transaction BOOLEAN,
@@ -214,14 +208,14 @@ BEGIN
   IF p_fair_key IS NOT NULL THEN
     SET step_ = GREATEST(1, ROUND({TURN_SCALE} / LEAST(GREATEST(
       COALESCE(p_fair_weight, 1), {MIN_FAIR_WEIGHT}), {MAX_FAIR_WEIGHT})));
-    -- The stamp, locked (a stamp set to NULL by hand reads as -2; a missing row sets
-    -- missing_), and in the same statement the head, one row of jobs_ready_poll read as
-    -- this statement's snapshot has it (the head may be that old: docs/fairness.md).
-    SELECT COALESCE(last_turn, -2){read_job}, {head} INTO prior_{into_job}, head_ FROM {fair}
+    -- The head, one row of jobs_ready_poll. A subquery, not SELECT ... INTO: an empty
+    -- level is NULL, not a "no data" condition.
+    SET head_ = (SELECT turn FROM {ready}
+      WHERE queue_name = p_queue_name AND priority = p_priority ORDER BY turn LIMIT 1);
+    -- A stamp set to NULL by hand reads as -2; a missing row sets missing_.
+    SELECT COALESCE(last_turn, -2){read_job} INTO prior_{into_job} FROM {fair}
       WHERE {group} FOR UPDATE;
     IF missing_ THEN
-      -- A subquery, not SELECT ... INTO: an empty level is NULL, not a "no data" condition.
-      SET head_ = {head};
       INSERT INTO {fair} (queue_name, priority, fair_key, last_turn, updated_at)
         VALUES (p_queue_name, p_priority, p_fair_key, -1, p_enqueued_at)
         ON DUPLICATE KEY UPDATE updated_at = VALUES(updated_at);
