@@ -99,6 +99,9 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
     stamps, created = lock_stamps(
         db, {group: min(job.pk for job in groups[group]) for group in groups}
     )
+    # Whether each group's last job still waits, read for all of them at the first that
+    # decides (a read per 500 groups, not one per group), after every stamp's lock.
+    waiting = WaitingJobs(db, [stamp.last_job_id for stamp in stamps.values()])
     now = timezone.now()
     changed: list[FairTurn] = []
     for group in sorted(groups):
@@ -115,7 +118,7 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
             turn = opening_turn(
                 head,
                 last,
-                lambda: still_waiting(db, stamp.last_job_id),  # noqa: B023
+                lambda: waiting.has(stamp.last_job_id),  # noqa: B023
                 first_fifo[level],
                 members[0].fair_weight,
             )
@@ -136,8 +139,46 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
             last_turn=stamp.last_turn, last_job_id=stamp.last_job_id, updated_at=now
         )
     else:
-        FairTurn.objects.using(db).bulk_update(changed, ["last_turn", "last_job_id", "updated_at"])
+        # The rows exist and are this transaction's: an upsert by their group updates them,
+        # in the order they were locked. Not bulk_update, whose CASE of every row's id per
+        # column each row runs through: a bulk enqueue over 20,000 tenants spent minutes in
+        # one such statement, 11 s in chunks of 500 (PostgreSQL, the plain bulk 1.6 s).
+        upsert_stamps(
+            db,
+            [
+                FairTurn(
+                    queue_name=stamp.queue_name,
+                    priority=stamp.priority,
+                    fair_key=stamp.fair_key,
+                    last_turn=stamp.last_turn,
+                    last_job_id=stamp.last_job_id,
+                    updated_at=now,
+                )
+                for stamp in changed
+            ],
+            ["last_turn", "last_job_id", "updated_at"],
+        )
     return turns
+
+
+# Keys read by one statement of a bulk enqueue over many groups.
+STAMPS_PER_STATEMENT = 500
+
+
+def upsert_stamps(db: str, rows: list[FairTurn], update_fields: list[str]) -> None:
+    """Insert ``rows`` (no id), or update ``update_fields`` of the row of the same group
+    (``INSERT ... ON CONFLICT DO UPDATE``, or ``ON DUPLICATE KEY UPDATE``), in their order."""
+    supports = connections[db].features
+    FairTurn.objects.using(db).bulk_create(
+        rows,
+        update_conflicts=True,
+        update_fields=update_fields,
+        unique_fields=(
+            ["queue_name", "priority", "fair_key"]
+            if supports.supports_update_conflicts_with_target
+            else None
+        ),
+    )
 
 
 def opening_turn(
@@ -211,6 +252,30 @@ def still_waiting(db: str, job_id: int | None) -> bool:
     return job_id is not None and ReadyExecution.objects.using(db).filter(pk=job_id).exists()
 
 
+class WaitingJobs:
+    """Which of ``job_ids`` (the stamps' last jobs; None: none) still have a ready row:
+    :func:`still_waiting` for many, read on the first :meth:`has`."""
+
+    def __init__(self, db: str, job_ids: Sequence[int | None]) -> None:
+        self.db = db
+        self.job_ids = sorted({pk for pk in job_ids if pk is not None})
+        self.found: set[int] | None = None
+
+    def has(self, job_id: int | None) -> bool:
+        if job_id is None:
+            return False
+        if self.found is None:
+            self.found = set()
+            for start in range(0, len(self.job_ids), STAMPS_PER_STATEMENT):
+                chunk = self.job_ids[start : start + STAMPS_PER_STATEMENT]
+                self.found.update(
+                    ReadyExecution.objects.using(self.db)
+                    .filter(pk__in=chunk)
+                    .values_list("pk", flat=True)
+                )
+        return job_id in self.found
+
+
 def queue_head(db: str, queue: str, priority: int) -> int | None:
     """The lowest turn ready in ``queue`` at ``priority``: the virtual time now (one row
     read from ``jobs_ready_poll``)."""
@@ -240,9 +305,9 @@ def lock_stamps(db: str, groups: dict[Group, int]) -> tuple[dict[Group, FairTurn
     there before, whatever was written into that one (a turn of -1 set by hand is a broken
     stamp, as on PostgreSQL's one statement, not a new group)."""
     now = timezone.now()
-    supports = connections[db].features
     order = sorted(groups)
-    FairTurn.objects.using(db).bulk_create(
+    upsert_stamps(
+        db,
         [
             FairTurn(
                 queue_name=queue,
@@ -254,13 +319,7 @@ def lock_stamps(db: str, groups: dict[Group, int]) -> tuple[dict[Group, FairTurn
             )
             for queue, priority, key in order
         ],
-        update_conflicts=True,
-        update_fields=["updated_at"],
-        unique_fields=(
-            ["queue_name", "priority", "fair_key"]
-            if supports.supports_update_conflicts_with_target
-            else None
-        ),
+        ["updated_at"],
     )
     found = read_stamps(db, order)
     created = {group for group, row in found.items() if row.last_job_id == -groups[group]}
@@ -270,19 +329,24 @@ def lock_stamps(db: str, groups: dict[Group, int]) -> tuple[dict[Group, FairTurn
 
 
 def read_stamps(db: str, groups: list[Group]) -> dict[Group, FairTurn]:
-    """The ``FairTurn`` rows of ``groups``: one read per (queue, priority) level."""
+    """The ``FairTurn`` rows of ``groups``: one read per (queue, priority) level and
+    :data:`STAMPS_PER_STATEMENT` keys (an ``IN`` list of 20,000 keys passes SQLite's limit
+    on parameters well before 100,000 tenants)."""
     by_level: dict[tuple[str, int], list[str]] = defaultdict(list)
     for queue, priority, key in groups:
         by_level[(queue, priority)].append(key)
     wanted = set(groups)
     found: dict[Group, FairTurn] = {}
     for (queue, priority), keys in by_level.items():
-        rows = FairTurn.objects.using(db).filter(
-            queue_name=queue, priority=priority, fair_key__in=keys
-        )
-        for row in rows:
-            if row_group(row) in wanted:
-                found[row_group(row)] = row
+        for start in range(0, len(keys), STAMPS_PER_STATEMENT):
+            rows = FairTurn.objects.using(db).filter(
+                queue_name=queue,
+                priority=priority,
+                fair_key__in=keys[start : start + STAMPS_PER_STATEMENT],
+            )
+            for row in rows:
+                if row_group(row) in wanted:
+                    found[row_group(row)] = row
     return found
 
 
