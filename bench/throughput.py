@@ -311,6 +311,7 @@ from django_tasks_db.utils import exclusive_transaction  # noqa: E402
 
 from bench.connections import held_connections  # noqa: E402
 from bench.fair_tasks import FAIR_QUEUE, fair_noop, tenant_noop  # noqa: E402
+from bench.tables import analyze as analyze_tables  # noqa: E402
 from bench.tables import empty, tables_of  # noqa: E402
 from bench.tasks import (  # noqa: E402
     noop,
@@ -375,20 +376,8 @@ def reset_tables() -> None:
 
 
 def analyze() -> None:
-    """Give freshly planted tables the statistics a table in service has.
-
-    Autovacuum (PostgreSQL) and InnoDB's automatic statistics would get there
-    on their own some time after a bulk load; without this, claims would be
-    timed with plans made blind. SQLite is left as Django leaves it.
-    """
-    with connection.cursor() as cursor:
-        for table in app_tables():
-            quoted = connection.ops.quote_name(table)
-            if connection.vendor == "postgresql":
-                cursor.execute(f"VACUUM ANALYZE {quoted}")
-            elif connection.vendor == "mysql":
-                cursor.execute(f"ANALYZE TABLE {quoted}")
-                cursor.fetchall()
+    """Every queue's tables given the statistics of tables in service (``tables.analyze``)."""
+    analyze_tables(app_tables())
 
 
 def series(count: int) -> tuple[str, list[int]]:
