@@ -296,7 +296,7 @@ def lock_stamps(db: str, groups: dict[Group, int]) -> tuple[dict[Group, FairTurn
     One upsert of every group in ascending order (``INSERT ... ON CONFLICT DO UPDATE``, or
     ``ON DUPLICATE KEY UPDATE``) makes a missing row and locks an existing one exclusively,
     row after row, as a semaphore is made (``admission.lock_semaphore``): two enqueues lock
-    their common groups in one order, and a bulk of 1,000 tenants takes two statements, not
+    their common groups in one order, and a bulk of 1,000 tenants takes an upsert and two reads, not
     a locking read per tenant.
 
     A row made here holds no turn and, as its job, the negative of its first job's id,
