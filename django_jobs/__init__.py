@@ -80,9 +80,9 @@ def enqueue_batch(
 ) -> BatchResult:
     """Enqueue ``[(task, args, kwargs), ...]`` as one batch with callbacks.
 
-    See :func:`django_jobs.core.batches.enqueue_batch` for the options.
+    See :func:`django_jobs.core.batch_enqueue.enqueue_batch` for the options.
     """
-    from django_jobs.core.batches import enqueue_batch as _enqueue_batch
+    from django_jobs.core.batch_enqueue import enqueue_batch as _enqueue_batch
 
     return _enqueue_batch(
         calls,
