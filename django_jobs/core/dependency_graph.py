@@ -38,6 +38,7 @@ from django_jobs.core.dependencies import (
     release,
     unfinished_statuses,
 )
+from django_jobs.core.uniqueness import error_code
 from django_jobs.db import ops
 from django_jobs.exceptions import InvalidDependency
 from django_jobs.models import (
@@ -125,12 +126,8 @@ MYSQL_NOWAIT_ERRORS = (1205, 3572)
 
 
 def is_lock_busy(exc: OperationalError) -> bool:
-    if exc.args and exc.args[0] in MYSQL_NOWAIT_ERRORS:
-        return True
-    cause = exc.__cause__
-    return (
-        getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    ) == LOCK_NOT_AVAILABLE
+    code = error_code(exc)
+    return code in MYSQL_NOWAIT_ERRORS or code == LOCK_NOT_AVAILABLE
 
 
 def lock_parents(db: str, ids: Collection[int], *, wait: bool = True) -> dict[int, ParentRow]:

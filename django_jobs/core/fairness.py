@@ -249,7 +249,7 @@ def still_waiting(db: str, job_id: int | None) -> bool:
     enqueue of the group that held the lock before. By the job, not by its turn: other
     groups' jobs may share the turn (groups that arrive together start at the same head),
     and a group taken for waiting by another's job steps a turn past its due."""
-    return job_id is not None and ReadyExecution.objects.using(db).filter(pk=job_id).exists()
+    return WaitingJobs(db, [job_id]).has(job_id)
 
 
 class WaitingJobs:
@@ -296,8 +296,8 @@ def lock_stamps(db: str, groups: dict[Group, int]) -> tuple[dict[Group, FairTurn
     One upsert of every group in ascending order (``INSERT ... ON CONFLICT DO UPDATE``, or
     ``ON DUPLICATE KEY UPDATE``) makes a missing row and locks an existing one exclusively,
     row after row, as a semaphore is made (``admission.lock_semaphore``): two enqueues lock
-    their common groups in one order, and a bulk of 1,000 tenants takes an upsert and two reads, not
-    a locking read per tenant.
+    their common groups in one order, and a bulk of 1,000 tenants takes an upsert and two
+    reads, not a locking read per tenant.
 
     A row made here holds no turn and, as its job, the negative of its first job's id,
     until :func:`ready_turns` writes it: no enqueue writes a negative job, and no hand edit

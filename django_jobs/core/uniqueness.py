@@ -118,11 +118,16 @@ def unique_in_key_order(prepared: Sequence[tuple[Job, Any]]) -> list[int]:
 
 def is_deadlock(exc: OperationalError) -> bool:
     """Whether the database rolled the transaction back to break a deadlock."""
-    if exc.args and exc.args[0] == MYSQL_DEADLOCK:
-        return True
+    return error_code(exc) in (MYSQL_DEADLOCK, POSTGRESQL_DEADLOCK)
+
+
+def error_code(exc: OperationalError) -> int | str | None:
+    """The database's code for ``exc``: MySQL/MariaDB's error number, PostgreSQL's SQLSTATE
+    (psycopg 3's ``sqlstate``, psycopg2's ``pgcode``)."""
+    if exc.args and isinstance(exc.args[0], int):
+        return exc.args[0]
     cause = exc.__cause__
-    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    return sqlstate == POSTGRESQL_DEADLOCK
+    return getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
 
 
 def retry_after(exc: OperationalError, attempt: int, *, own_transaction: bool) -> bool:
