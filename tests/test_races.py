@@ -45,6 +45,7 @@ from django_jobs.models import (
     Semaphore,
 )
 from tests import tasks
+from tests.row_lock_waits import is_waiting_for_a_row_lock
 
 DB = "default"
 ALL = QueueSelector(("*",))
@@ -73,31 +74,12 @@ def session_id() -> int:
         return cursor.fetchone()[0]
 
 
-def waiting_for_lock(session: int) -> bool:
-    """Whether database session ``session`` is now waiting for a row lock."""
-    with connections[DB].cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-                [session],
-            )
-        else:
-            cursor.execute(
-                "SELECT count(*) FROM information_schema.innodb_trx "
-                "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
-                [session],
-            )
-        return cursor.fetchone()[0] > 0
-
-
 def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    # Polled slowly on purpose: InnoDB refreshes information_schema.innodb_trx only when
-    # its cache was last read more than 0.1 s ago, so fast polling would never see a wait.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.15)
+        time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -152,7 +134,7 @@ class Runner(threading.Thread):
         """Done (the unprotected order), or waiting on a lock (the protection holding)."""
         if self.done.is_set():
             return True
-        return self.session is not None and waiting_for_lock(self.session)
+        return self.session is not None and is_waiting_for_a_row_lock(self.session, DB)
 
     def finish(self) -> object:
         self.join(20)

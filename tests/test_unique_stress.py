@@ -23,6 +23,7 @@ from django_jobs.core.uniqueness import CALLERS_TRANSACTION_NOTE
 from django_jobs.models import Job
 from tests import tasks
 from tests.harness import FAST_ENV, MANAGE, REPO_ROOT, database_url, wait_until
+from tests.row_lock_waits import sessions_waiting_for_a_row_lock
 from tests.unique_stress_tasks import touch
 
 KEY = 7
@@ -38,44 +39,18 @@ class Rollback(Exception):
     pass
 
 
-def lock_waits() -> list[tuple]:
-    """Sessions of this test database waiting for a row lock right now, with their query.
-
-    Other test runs may share the server: only this database's sessions count.
-    """
-    if connection.vendor == "postgresql":
-        sql = (
-            "SELECT pid, left(query, 60) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-    else:
-        sql = (
-            "SELECT t.trx_mysql_thread_id, left(t.trx_query, 60) "
-            "FROM information_schema.innodb_trx t "
-            "JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id "
-            "WHERE t.trx_state = 'LOCK WAIT' AND p.db = DATABASE()"
-        )
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # Read inside the test's transaction, whose first read of pg_stat_activity
-            # would otherwise be the answer until it ends.
-            cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute(sql)
-        return cursor.fetchall()
-
-
 def wait_for_lock_waits(count: int, what: str) -> None:
-    """Until exactly ``count`` sessions wait for a lock (shown if it times out)."""
-    waits: list[tuple] = []
+    """Until exactly ``count`` sessions of this test database wait for a lock (shown if it
+    times out; other test runs may share the server)."""
+    waits: dict[int, str] = {}
 
     def reached() -> bool:
-        waits[:] = lock_waits()
+        waits.clear()
+        waits.update(sessions_waiting_for_a_row_lock(this_database=True))
         return len(waits) == count
 
     try:
-        # InnoDB refreshes its information_schema transaction tables only once they have
-        # gone unread for 0.1 s: polling faster would read the first answer forever.
-        wait_until(reached, interval=0.25, what=what)
+        wait_until(reached, interval=0.05, what=what)
     except AssertionError as exc:
         raise AssertionError(f"{exc}; waiting: {waits}") from None
 

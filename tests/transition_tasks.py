@@ -10,6 +10,7 @@ from typing import Any
 from django.db import connections
 
 from django_jobs import task
+from tests.row_lock_waits import is_waiting_for_a_row_lock
 
 
 @task
@@ -107,32 +108,15 @@ def backend_id() -> int:
 
 def is_waiting_for_row_lock(server_id: int) -> bool:
     """Whether connection ``server_id`` is blocked waiting for a lock another one holds."""
-    with connections[DB].cursor() as cursor:
-        if vendor() == "postgresql":
-            cursor.execute(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [server_id]
-            )
-            row = cursor.fetchone()
-            return bool(row) and row[0] == "Lock"
-        cursor.execute(
-            "SELECT trx_state FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s",
-            [server_id],
-        )
-        row = cursor.fetchone()
-        return bool(row) and row[0] == "LOCK WAIT"
+    return is_waiting_for_a_row_lock(server_id, DB)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> bool:
-    """Poll ``condition`` (a database observation, not a timer) until true or ``timeout``.
-
-    Polled no faster than every 0.15 s: InnoDB refreshes its ``information_schema``
-    transaction cache only when it was last read more than 0.1 s ago, so faster
-    polling would keep reading the stale snapshot and never see the wait.
-    """
+    """Poll ``condition`` (a database observation, not a timer) until true or ``timeout``."""
     deadline = time.monotonic() + timeout
     pause = threading.Event()
     while time.monotonic() < deadline:
         if condition():
             return True
-        pause.wait(0.15)
+        pause.wait(0.05)
     return condition()
