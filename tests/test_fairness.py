@@ -337,6 +337,71 @@ def test_two_enqueues_of_one_group_at_the_head_at_once_take_two_turns(fair, way)
     assert min(second) == max(first) + TURN_SCALE, (first, second)
 
 
+def race_a_bulk_enqueue_waiting_for_a_stamp_while_claims_go_on() -> tuple[int, int]:
+    """X ran before; A's backlog is being claimed; a transaction holds X's stamp (as an
+    enqueue of X does); a bulk enqueue of X and Y (a new group) waits for it while two of
+    A's jobs are claimed, then goes on. Y's job's turn, and the head once it committed."""
+    worker = register_process(DB, "worker")
+    enqueue_one("X")
+    assert claim_groups(worker, 1) == ["X"]
+    enqueue_many("A", 5)
+    holding, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with transaction.atomic():
+            FairTurn.objects.select_for_update().get(fair_key="X")
+            holding.set()
+            assert release.wait(20), "never released"
+
+    def second() -> list[int]:
+        assert holding.wait(20), "the first transaction never held X's stamp"
+        return [int(r.id) for r in bulk_enqueue([(tenant_report, (t,), {}) for t in "XY"])]
+
+    runners = [Runner(first), Runner(second)]
+    for runner in runners:
+        runner.start()
+    wait_for(runners[1].blocked_or_done, "the bulk enqueue to wait for X's stamp")
+    assert not runners[1].done.is_set(), "the bulk enqueue did not wait for X's stamp"
+    assert claim_groups(worker, 2) == ["A", "A"]
+    release.set()
+    runners[0].finish()
+    x, y = runners[1].finish()
+    head = ReadyExecution.objects.filter(job__fair_key="A").order_by("turn")[0].turn
+    assert turn_of(x) == turn_of(y), "X and Y, neither waiting, start at the same head"
+    return turn_of(y), head
+
+
+@needs_row_locks
+@pytest.mark.django_db(transaction=True)
+def test_a_bulk_enqueue_reads_the_head_after_the_stamps_it_waited_for(fair):
+    """The turns count from the head as the enqueue read it: read after the stamps' locks,
+    a new group's first job does not go ahead of the starts made while it waited for them
+    (docs/fairness.md, the stale head)."""
+    y, head = race_a_bulk_enqueue_waiting_for_a_stamp_while_claims_go_on()
+    assert y == head
+
+
+@needs_row_locks
+@pytest.mark.django_db(transaction=True)
+def test_unprotected_a_head_read_before_the_stamps_locks_puts_a_new_group_behind_it(
+    fair, monkeypatch
+):
+    """The twin: the heads read before the stamps' locks. Y's first job takes the head of
+    before the wait, two of A's turns behind the head it finds once committed."""
+    real_lock, real_head = fairness.lock_stamps, fairness.queue_head
+    early: dict[tuple[str, int], int | None] = {}
+
+    def heads_first(db: str, groups: dict) -> Any:
+        for queue, priority, _ in groups:
+            early[(queue, priority)] = real_head(db, queue, priority)
+        return real_lock(db, groups)
+
+    monkeypatch.setattr(fairness, "lock_stamps", heads_first)
+    monkeypatch.setattr(fairness, "queue_head", lambda db, q, p: early[(q, p)])
+    y, head = race_a_bulk_enqueue_waiting_for_a_stamp_while_claims_go_on()
+    assert y == head - 2 * TURN_SCALE
+
+
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's one statement")
 @pytest.mark.django_db(transaction=True)
 def test_unprotected_one_statement_comparing_only_the_turn_with_its_snapshot_shares_a_turn(

@@ -95,10 +95,14 @@ def ready_turns(db: str, jobs: Sequence[Job], at_head: bool = False) -> dict[int
         lowest = min(fifo_turn(job.pk) for job in members)
         level = (queue, priority)
         first_fifo[level] = min(first_fifo.get(level, lowest), lowest)
-    heads = {level: queue_head(db, *level) for level in first_fifo}
     stamps, created = lock_stamps(
         db, {group: min(job.pk for job in groups[group]) for group in groups}
     )
+    # The heads after the stamps' locks (which may have waited for another enqueue): the
+    # turns count from the head read here, and the claims move it on until this
+    # transaction commits; the later it is read, the fewer of them its jobs go ahead of
+    # (docs/fairness.md, the stale head).
+    heads = {level: queue_head(db, *level) for level in first_fifo}
     # Whether each group's last job still waits, read for all of them at the first that
     # decides (a read per 500 groups, not one per group), after every stamp's lock.
     waiting = WaitingJobs(db, [stamp.last_job_id for stamp in stamps.values()])
