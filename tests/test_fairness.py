@@ -410,7 +410,7 @@ def test_unprotected_one_statement_comparing_only_the_turn_with_its_snapshot_sha
     """The twin: PostgreSQL's statement tells a stamp written after its snapshot by the
     turn alone. The first enqueue wrote the same turn back (with its own job), so the
     second takes the head too: two jobs of X, one turn."""
-    by_job = "AND s.last_job_id IS NOT DISTINCT FROM f.last_job_id"
+    by_job = "OR level.seen_job IS DISTINCT FROM f.last_job_id "
     first, second = race_with_statement_edited(
         monkeypatch, by_job, "", race_two_enqueues_at_the_head
     )
@@ -462,10 +462,7 @@ def test_unprotected_one_statement_reading_the_stamp_in_its_snapshot_shares_a_tu
     enqueue's lock, but takes the last turn from the statement's snapshot instead of the
     row it locked, so both jobs get the same turn."""
     locked = "GREATEST(level.head, f.last_turn + level.step)"
-    snapshot = (
-        "GREATEST(level.head, (SELECT p.last_turn FROM django_jobs_fairturn AS p "
-        "WHERE p.id = f.id) + level.step)"
-    )
+    snapshot = "GREATEST(level.head, level.seen_turn + level.step)"
     first, second = race_with_statement_edited(
         monkeypatch, locked, snapshot, race_two_enqueues_of_one_group
     )
