@@ -10,6 +10,7 @@ executor in this process, and in a real ``run_jobs`` process whose settings
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import signal
@@ -586,9 +587,15 @@ def test_without_sentry_sdk_the_package_imports_and_registers_nothing():
 
 
 def read_sentry_file(path: Path) -> list[dict]:
+    """The items the processes' transport wrote so far. Read under a shared lock: each
+    writer appends its lines under an exclusive one (testproject/sentry_settings.py), so a
+    line being written is never read half (a JSON error, seen in CI)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+    with path.open() as events:
+        fcntl.flock(events, fcntl.LOCK_SH)
+        text = events.read()
+    return [json.loads(line) for line in text.splitlines() if line]
 
 
 def events_of(items: list[dict], kind: str = "event") -> list[dict]:
