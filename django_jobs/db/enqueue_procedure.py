@@ -209,8 +209,12 @@ BEGIN
     SET step_ = GREATEST(1, ROUND({TURN_SCALE} / LEAST(GREATEST(
       COALESCE(p_fair_weight, 1), {MIN_FAIR_WEIGHT}), {MAX_FAIR_WEIGHT})));
     -- The head, one row of jobs_ready_poll. A subquery, not SELECT ... INTO: an empty
-    -- level is NULL, not a "no data" condition.
-    SET head_ = (SELECT turn FROM {ready}
+    -- level is NULL, not a "no data" condition. The index named: left to choose, the
+    -- optimizer took jobs_ready_order, (priority, turn), which gives the order too, and
+    -- at times (by the statistics of the moment) walked every other queue's ready rows of
+    -- lower turn at that priority: 1,004 rows examined per call in the slow log, 3.3 ms a
+    -- call instead of 0.9.
+    SET head_ = (SELECT turn FROM {ready} FORCE INDEX (jobs_ready_poll)
       WHERE queue_name = p_queue_name AND priority = p_priority ORDER BY turn LIMIT 1);
     -- A stamp set to NULL by hand reads as -2; a missing row sets missing_.
     SELECT COALESCE(last_turn, -2){read_job} INTO prior_{into_job} FROM {fair}
