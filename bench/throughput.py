@@ -59,7 +59,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
 from importlib.util import find_spec
 from pathlib import Path
@@ -269,6 +269,8 @@ def parse_args() -> argparse.Namespace:
     )
     # One of the concurrent enqueuing processes of phase "concurrent" (started by the run).
     parser.add_argument("--enqueue-client", action="store_true", help=argparse.SUPPRESS)
+    # One tenant's enqueuing process of phase "fair" (started by the run).
+    parser.add_argument("--tenant-client", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args()
     unknown = set(options.phases.split(",")) - set(PHASES)
     if unknown:
@@ -287,7 +289,7 @@ os.environ.setdefault("DATABASE_URL", DATABASE_URLS["postgres"])
 # Procrastinate's app (and its migrations) only when its phase runs; bench/settings.py also
 # requires PostgreSQL and the package. Workers of ours and of the peer never get it.
 _phases = OPTIONS.phases.split(",")
-if not OPTIONS.enqueue_client and (
+if not (OPTIONS.enqueue_client or OPTIONS.tenant_client) and (
     ("procrastinate" in _phases and not OPTIONS.smoke) or "async" in _phases
 ):
     # Phase async runs Procrastinate in smoke too: one short drain, its schema ~1 s.
@@ -1676,10 +1678,19 @@ def enqueue_client() -> int:
 
 
 class Clients:
-    """``--enqueue-client`` processes, each in a session of its own, talked to by line."""
+    """``--enqueue-client`` (or ``--tenant-client``) processes, each in a session of its
+    own, talked to by line."""
 
-    def __init__(self, count: int, env: dict[str, str], log_dir: Path, label: str) -> None:
+    def __init__(
+        self,
+        count: int,
+        env: dict[str, str],
+        log_dir: Path,
+        label: str,
+        flag: str = "--enqueue-client",
+    ) -> None:
         self.count = count
+        self.flag = flag
         self.env = env
         self.logs = [log_dir / f"{label}-{n}.log" for n in range(count)]
         self.procs: list[subprocess.Popen[str]] = []
@@ -1690,7 +1701,7 @@ class Clients:
             for n, log in enumerate(self.logs):
                 with log.open("wb") as stderr:
                     proc = subprocess.Popen(
-                        [sys.executable, str(Path(__file__).resolve()), "--enqueue-client"],
+                        [sys.executable, str(Path(__file__).resolve()), self.flag],
                         cwd=ROOT,
                         env=self.env,
                         stdin=subprocess.PIPE,
@@ -1730,6 +1741,13 @@ class Clients:
                 )
             got[n] = line
         return [got[n] for n in range(self.count)]
+
+    def tell(self, n: int, line: str) -> None:
+        """Send ``line`` to process ``n`` alone."""
+        stdin = self.procs[n].stdin
+        assert stdin is not None
+        stdin.write(line + "\n")
+        stdin.flush()
 
     def send(self, line: str) -> None:
         for proc in self.procs:
@@ -3243,59 +3261,84 @@ def all_started(ids: dict[str, list[int]]) -> bool:
     return not Job.objects.filter(pk__in=every, started_at__isnull=True).exists()
 
 
+def tenant_client() -> int:
+    """One tenant of phase "fair"'s rounds (``--tenant-client``), a process of its own as a
+    web process is, driven over stdin/stdout.
+
+    Reads its orders (tenant, fair or not, jobs per round) as a JSON line; warms up (its
+    connection, and each enqueue path once in a transaction rolled back, so that the first
+    call of the round builds no statement); says ``ready``. Then for each line ``bulk``
+    or ``single``: one ``bulk_enqueue()`` of its jobs, or that many ``enqueue()`` calls one
+    after another, each its own transaction; prints the ids and the moment each call
+    returned (committed), as seconds since the epoch, as JSON.
+
+    Threads of the harness's own process were the first harness: the 20 tenants' bulk
+    transactions then stayed open for hundreds of the workers' starts, waiting for the
+    GIL, which no tenant of a real site does.
+    """
+    orders = json.loads(sys.stdin.readline())
+    task = fair_noop if orders["fair"] else tenant_noop
+    tenant, per = orders["tenant"], orders["per"]
+    backend: JobsBackend = task_backends["default"]
+
+    class WarmedUp(Exception):
+        pass
+
+    try:
+        with transaction.atomic():
+            backend.bulk_enqueue([(task, (tenant,), {})] * per)
+            task.enqueue(tenant)
+            raise WarmedUp
+    except WarmedUp:
+        pass
+    print("ready", flush=True)
+    for line in sys.stdin:
+        ids: list[int] = []
+        visible: list[float] = []
+        if line.strip() == "bulk":
+            ids = [int(result.id) for result in backend.bulk_enqueue([(task, (tenant,), {})] * per)]
+            visible = [time.time()] * len(ids)
+        else:
+            for _ in range(per):
+                ids.append(int(task.enqueue(tenant).id))
+                visible.append(time.time())
+        print(json.dumps({"ids": ids, "visible": visible}), flush=True)
+    return 0
+
+
+def ready_tenants(clients: Clients, tenants: list[str], per: int, fair: bool) -> None:
+    """Give each client its orders and wait until every one has warmed up."""
+    for n, tenant in enumerate(tenants):
+        clients.tell(n, json.dumps({"tenant": tenant, "fair": fair, "per": per}))
+    lines = clients.collect(START_TIMEOUT, "the tenants' processes to warm up")
+    if set(lines) != {"ready"}:
+        raise RuntimeError(f"phase fair: a tenant's process said {sorted(set(lines))}")
+
+
 def tenants_at_once(
-    ours: Ours, task: Any, tenants: list[str], per: int, one_by_one: bool
+    clients: Clients, tenants: list[str], one_by_one: bool
 ) -> tuple[dict[str, list[int]], dict[int, datetime], float]:
-    """Every tenant in a thread of its own, on a connection of its own (opened first),
-    released at once: one ``bulk_enqueue()`` of its ``per`` jobs, or ``per`` ``enqueue()``
-    calls one after another, each its own transaction. Their ids by tenant, the moment
-    each job's enqueue returned (committed), and the time from the release to the last
-    return."""
-    start = threading.Barrier(len(tenants) + 1)
+    """Every tenant's process released at once: one ``bulk_enqueue()`` of its jobs, or as
+    many ``enqueue()`` calls one after another, each its own transaction. Their ids by
+    tenant, the moment each job's enqueue returned (committed), and the time from the
+    release to the last return."""
+    released = time.time()
+    clients.send("single" if one_by_one else "bulk")
+    lines = clients.collect(STALL_TIMEOUT, "the tenants' enqueues")
     ids: dict[str, list[int]] = {}
     visible: dict[int, datetime] = {}
-    errors: list[BaseException] = []
-
-    def tenant_thread(tenant: str) -> None:
-        try:
-            connection.ensure_connection()
-            start.wait()
-            if one_by_one:
-                mine = []
-                for _ in range(per):
-                    mine.append(int(task.enqueue(tenant).id))
-                    visible[mine[-1]] = timezone.now()
-            else:
-                results = ours.backend.bulk_enqueue([(task, (tenant,), {})] * per)
-                mine = [int(result.id) for result in results]
-                now = timezone.now()
-                visible.update((pk, now) for pk in mine)
-            ids[tenant] = mine
-        except BaseException as exc:
-            errors.append(exc)
-            start.abort()
-        finally:
-            connection.close()  # this thread's own
-
-    threads = [threading.Thread(target=tenant_thread, args=(t,)) for t in tenants]
-    for thread in threads:
-        thread.start()
-    try:
-        start.wait()
-    except threading.BrokenBarrierError:
-        pass
-    began = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    took = time.perf_counter() - began
-    if errors:
-        raise RuntimeError(f"phase fair: a tenant's enqueue failed: {errors[0]!r}") from errors[0]
-    return {tenant: ids[tenant] for tenant in tenants}, visible, took
+    for tenant, line in zip(tenants, lines, strict=True):
+        done = json.loads(line)
+        ids[tenant] = done["ids"]
+        for pk, at in zip(done["ids"], done["visible"], strict=True):
+            visible[pk] = datetime.fromtimestamp(at, tz=UTC)
+    took = max(visible.values()).timestamp() - released
+    return ids, visible, took
 
 
 def backlog_scenario(run: Run, sizes: FairSizes, fair: bool) -> Backlog:
     """Tenant A bulk-enqueues ``backlog`` jobs; ours' workers start and take them; as soon
-    as they do, ``tenants`` other tenants, all at once (a thread each), enqueue
+    as they do, ``tenants`` other tenants, all at once (a process each), enqueue
     ``tenant_jobs`` jobs each in one ``bulk_enqueue()``; then again, all at once, each its
     jobs one by one (on the fair queue once the first round has all started, so that a
     tenant's second round is not queued behind its first; on the other queue at once:
@@ -3317,30 +3360,39 @@ def backlog_scenario(run: Run, sizes: FairSizes, fair: bool) -> Backlog:
     total = sizes.backlog + 2 * per * len(tenants)
     ours = run.ours
     label = f"ours-fair-backlog-{kind}"
-    with Workers(ours.commands(), run.log_dir, label, ours.environment()) as workers:
+    progress(f"fair, {kind}: starting {len(tenants)} tenants' processes")
+    with (
+        Clients(
+            len(tenants), ours.environment(), run.log_dir, f"{label}-tenant", "--tenant-client"
+        ) as clients,
+    ):
+        ready_tenants(clients, tenants, per, fair)
+        with Workers(ours.commands(), run.log_dir, label, ours.environment()) as workers:
 
-        def taking_a() -> bool:
-            kinds = list(Process.objects.values_list("kind", flat=True))
-            return (
-                kinds.count(Process.Kind.WORKER) >= ours.processes
-                and Process.Kind.DISPATCHER in kinds
-                and Job.objects.filter(started_at__isnull=False).exists()
-            )
+            def taking_a() -> bool:
+                kinds = list(Process.objects.values_list("kind", flat=True))
+                return (
+                    kinds.count(Process.Kind.WORKER) >= ours.processes
+                    and Process.Kind.DISPATCHER in kinds
+                    and Job.objects.filter(started_at__isnull=False).exists()
+                )
 
-        wait_until(taking_a, workers, "run_jobs' workers to start on A's backlog", START_TIMEOUT)
-        progress(f"fair, {kind}: {len(tenants)} tenants x {per} jobs at once, a bulk each")
-        bulk_ids, bulk_visible, bulk_s = tenants_at_once(ours, task, tenants, per, False)
-        if fair:
             wait_until(
-                lambda: all_started(bulk_ids),
-                workers,
-                "the tenants' bulk-enqueued jobs to start",
-                STALL_TIMEOUT,
+                taking_a, workers, "run_jobs' workers to start on A's backlog", START_TIMEOUT
             )
-        progress(f"fair, {kind}: {len(tenants)} tenants x {per} jobs at once, one by one")
-        single_ids, single_visible, single_s = tenants_at_once(ours, task, tenants, per, True)
-        progress(f"fair, {kind}: draining the rest of A's backlog")
-        wait_finished(ours, workers, total)
+            progress(f"fair, {kind}: {len(tenants)} tenants x {per} jobs at once, a bulk each")
+            bulk_ids, bulk_visible, bulk_s = tenants_at_once(clients, tenants, False)
+            if fair:
+                wait_until(
+                    lambda: all_started(bulk_ids),
+                    workers,
+                    "the tenants' bulk-enqueued jobs to start",
+                    STALL_TIMEOUT,
+                )
+            progress(f"fair, {kind}: {len(tenants)} tenants x {per} jobs at once, one by one")
+            single_ids, single_visible, single_s = tenants_at_once(clients, tenants, True)
+            progress(f"fair, {kind}: draining the rest of A's backlog")
+            wait_finished(ours, workers, total)
     failed = ours.failed_count()
     if failed:
         raise RuntimeError(f"phase fair: {failed:,} of {total:,} jobs did not succeed")
@@ -3955,7 +4007,8 @@ def print_fair_header(sizes: Sizes, fair: FairSizes) -> None:
         "(tenant_noop); ours' workers as above. Backlog: tenant A's "
         f"{fair.backlog:,} jobs in one bulk_enqueue(), the workers started, and once they "
         f"take A's jobs {fair.tenants} other tenants x {fair.tenant_jobs} jobs, all at once "
-        "(a thread and connection each), one bulk_enqueue() per tenant; then (fair queue: "
+        "(a process each, warmed up before the workers start), one bulk_enqueue() per "
+        "tenant; then (fair queue: "
         "once those all started; the other: at once) again, each tenant's jobs one by one, "
         "each its own transaction; wait = the rows' "
         f"started_at - enqueued_at. Drains: {sizes.jobs:,} jobs over {sizes.keys:,} tenants, "
@@ -4006,6 +4059,8 @@ def write_json(path: Path, info: dict[str, Any], run: Run, elapsed: float) -> No
 def main() -> int:
     if OPTIONS.enqueue_client:
         return enqueue_client()
+    if OPTIONS.tenant_client:
+        return tenant_client()
     began = time.perf_counter()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the workers
     check_database_name()
