@@ -27,6 +27,11 @@ from django_jobs.conf import JobsSettings
 from django_jobs.models import Process
 from tests.harness import FAST_ENV, MANAGE, REPO_ROOT, database_url, wait_until
 
+# The recipes are the same on every database (manage.py jobs_health, the probes' command, is
+# checked on each in tests/test_jobs_health.py): tox runs this module in one database's
+# environment (pyproject.toml, marker one_database).
+pytestmark = pytest.mark.one_database
+
 PAGE = REPO_ROOT / "docs" / "deployment.md"
 # What a stop needs beyond shutdown_timeout + interrupt_grace: writing the last outcomes,
 # handing back, deregistering (docs/deployment.md, "What every deployment needs").

@@ -12,7 +12,13 @@ from django_jobs.models import FailedExecution, JobStatus, Process
 from tests import tasks
 from tests.harness import job_row, runs_of, wait_until
 
-pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
+# Replacing a worker after N jobs or past a memory limit is the same on every database: tox
+# runs this module in one database's environment (pyproject.toml, marker one_database).
+pytestmark = [
+    pytest.mark.workers,
+    pytest.mark.one_database,
+    pytest.mark.django_db(transaction=True),
+]
 
 
 def all_succeeded(results) -> bool:

@@ -43,7 +43,13 @@ from tests.harness import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
+# What a reload does is the same on every database: tox runs this module in one database's
+# environment (pyproject.toml, marker one_database).
+pytestmark = [
+    pytest.mark.workers,
+    pytest.mark.one_database,
+    pytest.mark.django_db(transaction=True),
+]
 
 MODULE = '''\
 import time

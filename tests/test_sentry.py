@@ -51,7 +51,9 @@ from sentry_sdk.transport import Transport  # noqa: E402
 from django_jobs.contrib.sentry import SENTRY_HOOK, DjangoJobsIntegration  # noqa: E402
 
 # transaction=True: the executor closes obsolete connections, as a worker thread must.
-pytestmark = pytest.mark.django_db(transaction=True)
+# What reaches Sentry is the same on every database: tox runs this module in one database's
+# environment (pyproject.toml, marker one_database).
+pytestmark = [pytest.mark.one_database, pytest.mark.django_db(transaction=True)]
 
 DSN = "https://public@sentry.invalid/1"
 
