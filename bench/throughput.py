@@ -3266,11 +3266,12 @@ def tenant_client() -> int:
     web process is, driven over stdin/stdout.
 
     Reads its orders (tenant, fair or not, jobs per round) as a JSON line; warms up (its
-    connection, and each enqueue path once in a transaction rolled back, so that the first
-    call of the round builds no statement); says ``ready``. Then for each line ``bulk``
-    or ``single``: one ``bulk_enqueue()`` of its jobs, or that many ``enqueue()`` calls one
-    after another, each its own transaction; prints the ids and the moment each call
-    returned (committed), as seconds since the epoch, as JSON.
+    connection, and each enqueue path once in a transaction rolled back: the round's first
+    call finds the code imported and the caches filled, though a single enqueue in
+    autocommit may still build its own statement, which notifies); says ``ready``. Then
+    for each line ``bulk`` or ``single``: one ``bulk_enqueue()`` of its jobs, or that
+    many ``enqueue()`` calls one after another, each its own transaction; prints the ids
+    and the moment each call returned (committed), as seconds since the epoch, as JSON.
 
     Threads of the harness's own process were the first harness: the 20 tenants' bulk
     transactions then stayed open for hundreds of the workers' starts, waiting for the
