@@ -3281,23 +3281,17 @@ def tenant_client() -> int:
     task = fair_noop if orders["fair"] else tenant_noop
     tenant, per = orders["tenant"], orders["per"]
     backend: JobsBackend = task_backends["default"]
-
-    class WarmedUp(Exception):
-        pass
-
-    try:
-        with transaction.atomic():
-            backend.bulk_enqueue([(task, (tenant,), {})] * per)
-            task.enqueue(tenant)
-            raise WarmedUp
-    except WarmedUp:
-        pass
+    calls = [(task, (tenant,), {})] * per
+    with transaction.atomic():
+        backend.bulk_enqueue(calls)
+        task.enqueue(tenant)
+        transaction.set_rollback(True)
     print("ready", flush=True)
     for line in sys.stdin:
         ids: list[int] = []
         visible: list[float] = []
         if line.strip() == "bulk":
-            ids = [int(result.id) for result in backend.bulk_enqueue([(task, (tenant,), {})] * per)]
+            ids = [int(result.id) for result in backend.bulk_enqueue(calls)]
             visible = [time.time()] * len(ids)
         else:
             for _ in range(per):
