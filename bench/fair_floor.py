@@ -6,28 +6,31 @@ against a plain enqueue (issue 38: "enqueue one by one with a fair key >= 0.9x w
 
 A fair enqueue does what a plain one does and stamps the job (docs/fairness.md): it must at
 least write its group's stamp, a row locked to the commit (else two enqueues of one group at
-once share a turn), read the queue's head (else a group that was idle gets credit) and see
-whether the group's last job still waits (else a group with a backlog goes to the head
-again). Each floor below is the plain enqueue's own round trip with some of that added, in
-the same round trip, and nothing more: no new group, no hand-edited stamp, and the ready row
-still takes its FIFO turn (the stamp's turn is not even handed to it), so each is below what
-any correct stamp costs.
+once share a turn), and read either the group's last job (while that one waits at the
+stamp's turn, the next turn is a step after it) or the queue's head (else a group that was
+idle gets credit). Each floor below is the plain enqueue's own round trip with some of that
+added, in the same round trip, and nothing more: no new group, no hand-edited stamp, and the
+ready row still takes its FIFO turn (the stamp's turn is not even handed to it), so each is
+below what a correct stamp costs on its path: "+ the last job's read" for a group with a
+backlog, "+ the head" for one whose last job no longer waits.
 
 - PostgreSQL: the plain single statement (``db/postgresql/insert.py``) with one more CTE:
-  "+ the stamp's write" updates the group's row by its key; "+ the head" sets it from the
-  head; "+ the last job's check" also reads the last job's ready row, the rule whole
-  (``GREATEST(head, last + step)`` while it waits, else the head). Then the shipped fair
-  statement.
+  "+ the stamp's write" updates the group's row by its key; "+ the last job's read" sets it
+  a step after its last job's ready turn; "+ the head" sets it from the head
+  (``GREATEST(head, last + step)``). Then the shipped fair statement.
 - MariaDB/MySQL: the enqueue procedure (``db/enqueue_procedure.py``) copied under another
-  name with its fair branch replaced: "+ the stamp's write" is one UPDATE of the group's
-  row; "+ the head" reads the head first and sets the row from it. Then the shipped branch
-  (the head, a locking read, the check, the write). Each copy is dropped at the end.
+  name with its fair branch replaced, each by one UPDATE of the group's row: alone, from the
+  last job's ready turn (a subquery), or after a read of the head. Then the shipped branch
+  (a locking read of the stamp, the last job's row, the head where needed, the write). Each
+  copy is dropped at the end.
 
 Each is timed as the statement (or CALL) alone, fixed values, the tenant the only change,
 alongside ``enqueue()`` of the plain and the fair no-op (bench/fair_tasks.py), in rounds, the
 order turning each round, over ``--tenants`` tenants whose stamps exist and whose last jobs
-wait (the case of a tenant with a backlog; bench/throughput.py's phase ``fair`` measures the
-same calls). For each floor, the extra time of a call over the plain statement, and the
+wait at their stamps' turns (the case of a tenant with a backlog; bench/throughput.py's
+phase ``fair`` measures the same calls); the floors write groups of their own, whose stamps
+they leave naming jobs at FIFO turns, which the shipped path would read as a last job let in
+at another turn. For each floor, the extra time of a call over the plain statement, and the
 ratio ``enqueue()`` of a fair task would reach were that its only cost over a plain one:
 ``plain enqueue / (plain enqueue + extra)``. PostgreSQL's connection prepares statements as
 bench/settings.py says (``prepare_threshold`` 5); ``--unprepared`` sets Django's default,
@@ -81,6 +84,12 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def floor_group(tenant: str) -> str:
+    """The group a floor writes for ``tenant``: one of its own, so that its writes (its own
+    job as the last, at a FIFO turn) never touch the stamps the shipped path reads."""
+    return f"floor-{tenant}"
+
+
 def table(model: type[models.Model]) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
@@ -116,14 +125,11 @@ def postgres_ways(tenants: list[str]) -> list[tuple[str, Call]]:
         f"AND r.priority = 0 ORDER BY r.queue_name, r.turn LIMIT 1)"
     )
     step = f"f.last_turn + {TURN_SCALE}"
-    waits = f"EXISTS (SELECT 1 FROM {ready} AS w WHERE w.job_id = f.last_job_id)"
+    last_job_turn = f"(SELECT w.turn FROM {ready} AS w WHERE w.job_id = f.last_job_id)"
     turns = {
         "+ the stamp's write": (step, 0),
+        "+ the last job's read": (f"COALESCE({last_job_turn}, f.last_turn) + {TURN_SCALE}", 0),
         "+ the head": (f"GREATEST({head}, {step})", 1),
-        "+ the last job's check": (
-            f"CASE WHEN {waits} THEN GREATEST({head}, {step}) ELSE {head} END",
-            2,
-        ),
     }
 
     def run(sql: str, params: Callable[[str], list[Any]]) -> Call:
@@ -151,7 +157,7 @@ def postgres_ways(tenants: list[str]) -> list[tuple[str, Call]]:
                         *plain_params,
                         *[FAIR_QUEUE] * heads,
                         FAIR_QUEUE,
-                        tenant,
+                        floor_group(tenant),
                     ],
                 ),
             )
@@ -209,6 +215,10 @@ def mysql_ways(tenants: list[str]) -> Iterator[list[tuple[str, Call]]]:
         "+ the stamp's write": (
             f"UPDATE {stamps} SET last_turn = last_turn + {TURN_SCALE}, {write} WHERE {group};"
         ),
+        "+ the last job's read": (
+            f"UPDATE {stamps} SET last_turn = COALESCE((SELECT turn FROM {ready} WHERE job_id = "
+            f"last_job_id), last_turn) + {TURN_SCALE}, {write} WHERE {group};"
+        ),
         "+ the head": (
             f"{head} UPDATE {stamps} SET last_turn = GREATEST(head_, last_turn + {TURN_SCALE}), "
             f"{write} WHERE {group};"
@@ -252,7 +262,15 @@ def mysql_ways(tenants: list[str]) -> Iterator[list[tuple[str, Call]]]:
                 cursor.execute(f"DROP PROCEDURE IF EXISTS {copy}")
                 cursor.execute(sql)
             made.append(copy)
-            ways.append((f"CALL {name}", run(fair_sql.replace(PROCEDURE, copy), fair_params_of)))
+            ways.append(
+                (
+                    f"CALL {name}",
+                    run(
+                        fair_sql.replace(PROCEDURE, copy),
+                        lambda tenant: fair_params_of(floor_group(tenant)),
+                    ),
+                )
+            )
         ways.append(("CALL, fair (shipped)", run(fair_sql, fair_params_of)))
         yield ways
     finally:
@@ -306,8 +324,14 @@ def main() -> int:
     call_command("migrate", interactive=False, verbosity=0)
     empty(tables_of("django_jobs"))
     tenants = [f"tenant-{n}" for n in range(options.tenants)]
-    for task in (tenant_noop, fair_noop):  # every tenant's stamp, and a job waiting
-        task_backends["default"].bulk_enqueue([(task, (tenant,), {}) for tenant in tenants])
+    # Every group's stamp, and a job of it waiting at the stamp's turn: the tenants' and the
+    # floors' own.
+    for task, groups in (
+        (tenant_noop, tenants),
+        (fair_noop, tenants),
+        (fair_noop, [floor_group(tenant) for tenant in tenants]),
+    ):
+        task_backends["default"].bulk_enqueue([(task, (group,), {}) for group in groups])
     enqueues: list[tuple[str, Call]] = [
         ("enqueue(), plain", tenant_noop.enqueue),
         ("enqueue(), fair", fair_noop.enqueue),

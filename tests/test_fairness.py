@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -26,7 +28,7 @@ from django_jobs.core.fairness import TURN_SCALE, fifo_turn
 from django_jobs.core.maintenance import FAIR_TURN_IDLE, prune_fair_turns
 from django_jobs.core.processes import register_process
 from django_jobs.core.queues import QueueSelector
-from django_jobs.core.ready import claim_jobs
+from django_jobs.core.ready import claim_jobs, make_ready
 from django_jobs.core.starting import start_job
 from django_jobs.models import FairTurn, Job, ReadyExecution
 from tests.fair_tasks import capped_report, plain_default, tenant_report, unkeyed_report
@@ -221,6 +223,74 @@ def test_a_job_let_in_by_its_concurrency_slot_takes_the_queues_head(fair, worker
     assert job.pk == waiting
 
 
+def enqueue_behind_a_last_job_moved_to_the_head(worker) -> tuple[int, int, int]:
+    """T's stamp names its job at the turn of its enqueue, and that job then waits at the
+    head, four of A's starts later, as a job retried, blocked on its key and let in at the
+    head leaves it (admission's promotion writes its ready row at the head, and no stamp).
+    T's next job, enqueued alone; its turn, the head, and the stamp's turn before it."""
+    enqueue_many("A", 10)
+    t = enqueue_one("T")
+    stamped = FairTurn.objects.get(fair_key="T").last_turn
+    assert stamped == turn_of(t)
+    ReadyExecution.objects.filter(job_id=t).delete()  # out of the way, as a claim takes it
+    assert claim_groups(worker, 4) == ["A"] * 4
+    make_ready(DB, [Job.objects.get(pk=t)], at_head=True)
+    head = turn_of(t)
+    assert head == stamped + 4 * TURN_SCALE
+    return turn_of(enqueue_one("T")), head, stamped
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_last_job_waiting_at_another_turn_than_its_stamp_gives_no_turn_before_the_head(
+    fair, worker
+):
+    """T's last job still waits, so T's next one takes ``max(head, last + step)``: the head,
+    not a step after the stamp's turn, which the head has passed. (MySQL/MariaDB's procedure
+    skips the head only where the last job waits at the stamp's very turn.)"""
+    turn, head, _ = enqueue_behind_a_last_job_moved_to_the_head(worker)
+    assert turn == head
+
+
+@contextmanager
+def enqueue_procedure_edited(monkeypatch, old: str, new: str) -> Iterator[None]:
+    """MySQL/MariaDB's enqueue procedure created again with its fair branch's ``old`` (found
+    once) made ``new``, an unprotected twin; the procedure as shipped created again after."""
+    from django.apps import apps
+
+    from django_jobs.db import enqueue_procedure
+
+    original = enqueue_procedure.fair_procedure_sql
+
+    def edited(*args: Any) -> str:
+        sql = original(*args)
+        assert sql.count(old) == 1, sql
+        return sql.replace(old, new)
+
+    monkeypatch.setattr(enqueue_procedure, "fair_procedure_sql", edited)
+    with connection.schema_editor() as editor:
+        enqueue_procedure.create_procedure(apps, editor)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(enqueue_procedure, "fair_procedure_sql", original)
+        with connection.schema_editor() as editor:
+            enqueue_procedure.create_procedure(apps, editor)
+
+
+@pytest.mark.skipif("connection.vendor != 'mysql'", reason="MySQL/MariaDB's enqueue procedure")
+@pytest.mark.django_db(transaction=True)
+def test_unprotected_a_procedure_skipping_the_head_whenever_the_last_job_waits_goes_before_it(
+    fair, worker, monkeypatch
+):
+    """The twin: the procedure takes ``last + step`` whenever the group's last job waits,
+    wherever it waits. The stamp's turn is four steps behind the head, so T's next job goes
+    ahead of every job ready."""
+    at_the_stamps_turn = "AND same_level_ AND last_at_ = prior_"
+    with enqueue_procedure_edited(monkeypatch, at_the_stamps_turn, "AND last_at_ IS NOT NULL"):
+        turn, head, stamped = enqueue_behind_a_last_job_moved_to_the_head(worker)
+    assert turn == stamped + TURN_SCALE < head
+
+
 # --- two connections ---------------------------------------------------------------------
 
 needs_row_locks = pytest.mark.skipif(
@@ -228,24 +298,21 @@ needs_row_locks = pytest.mark.skipif(
 )
 
 
-@pytest.mark.skipif("connection.vendor != 'mysql'", reason="MySQL/MariaDB's enqueue procedure")
-@pytest.mark.django_db(transaction=True)
-def test_the_procedures_head_read_locks_no_ready_row(fair):
-    """The procedure reads the queue's head with a plain read, which locks nothing: while a
-    fair enqueue's transaction is open, the head's ready row can still be locked at once, as
-    a claim locks it. With FOR UPDATE on that read it could not (MariaDB: "Lock wait timeout
-    exceeded", this test's NOWAIT)."""
+def lock_error_during_an_enqueue_of(tenant: str) -> OperationalError | None:
+    """A's and B's three jobs each ready; while an enqueue of ``tenant`` holds its
+    transaction open (on another connection), every one of those ready rows locked at once
+    (``FOR UPDATE NOWAIT``, as a claim locks them, but failing instead of passing over): the
+    error, or None if each was free."""
     enqueue_many("A", 3)
     enqueue_many("B", 3)
-    head = ReadyExecution.objects.order_by("turn", "job_id").first()
-    assert head is not None
+    ready = list(ReadyExecution.objects.order_by("job_id").values_list("job_id", flat=True))
     holding, release = threading.Event(), threading.Event()
     calls: list[str] = []
 
     def enqueue_and_hold() -> None:
         try:
             with transaction.atomic(), CaptureQueriesContext(connection) as queries:
-                enqueue_one("A")
+                enqueue_one(tenant)
                 calls.extend(q["sql"] for q in queries.captured_queries)
                 holding.set()
                 assert release.wait(10)
@@ -256,19 +323,57 @@ def test_the_procedures_head_read_locks_no_ready_row(fair):
     thread = threading.Thread(target=enqueue_and_hold)
     thread.start()
     assert holding.wait(10)
+    error = None
     try:
         with transaction.atomic(), connection.cursor() as cursor:
+            marks = ", ".join(["%s"] * len(ready))
             cursor.execute(
-                "SELECT job_id FROM django_jobs_readyexecution WHERE job_id = %s FOR UPDATE NOWAIT",
-                [head.job_id],
+                "SELECT job_id FROM django_jobs_readyexecution WHERE job_id IN "
+                f"({marks}) ORDER BY job_id FOR UPDATE NOWAIT",
+                ready,
             )
-            assert cursor.fetchone() == (head.job_id,)
+            assert [row[0] for row in cursor.fetchall()] == ready
     except OperationalError as exc:
-        pytest.fail(f"the open fair enqueue holds a lock on the head's ready row: {exc}")
+        error = exc
     finally:
         release.set()
         thread.join(10)
     assert any(sql.startswith("CALL ") for sql in calls), calls
+    return error
+
+
+@pytest.mark.skipif("connection.vendor != 'mysql'", reason="MySQL/MariaDB's enqueue procedure")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("tenant", ["A", "C"])
+def test_the_procedures_reads_of_ready_rows_lock_none(fair, tenant):
+    """The procedure's reads of ready rows lock nothing: while a fair enqueue's transaction
+    is open, every ready row committed before it can still be locked at once, as a claim
+    locks it. A's enqueue reads its last job's row (it waits at the stamp's turn); C's, a
+    new group's, reads the queue's head. Were either read a locking one, a claim's SKIP
+    LOCKED would pass that job over until the enqueue commits."""
+    error = lock_error_during_an_enqueue_of(tenant)
+    assert error is None, f"the open fair enqueue holds a lock on a ready row: {error}"
+
+
+@pytest.mark.skipif("connection.vendor != 'mysql'", reason="MySQL/MariaDB's enqueue procedure")
+@pytest.mark.django_db(transaction=True)
+def test_unprotected_a_procedure_reading_the_last_job_by_a_subquery_locks_its_row(
+    fair, monkeypatch
+):
+    """The twin: the last job's ready row read as ``SET ... = (SELECT ...)``, as the
+    ``IF EXISTS (SELECT ...)`` before migration 0028 did. MariaDB reads a row it finds by
+    primary key in a procedure's subquery with a shared lock, held to the commit."""
+    read_into = (
+        "SELECT turn, queue_name = p_queue_name AND priority = p_priority INTO last_at_, "
+        "same_level_ FROM `django_jobs_readyexecution` WHERE job_id = prior_job_;"
+    )
+    by_subquery = (
+        "SET last_at_ = (SELECT turn FROM `django_jobs_readyexecution` WHERE job_id = "
+        "prior_job_); SET same_level_ = TRUE;"
+    )
+    with enqueue_procedure_edited(monkeypatch, read_into, by_subquery):
+        error = lock_error_during_an_enqueue_of("A")
+    assert error is not None and "Lock wait timeout" in str(error), error
 
 
 def race_two_enqueues_of_one_group(way: str) -> tuple[list[int], list[int]]:

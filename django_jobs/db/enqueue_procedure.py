@@ -153,15 +153,20 @@ def fair_procedure_sql(
     under its lock, was one no enqueue writes (the caller logs it; the turn is then the FIFO
     one).
 
-    For a group that has a stamp, four statements: the head; a locking read of the stamp
-    (the latest committed version, waiting for an enqueue of the group that holds it; at
-    READ COMMITTED the next read then sees that enqueue's ready row); whether the group's
-    last job still waits (its ready row, by the stamp's ``last_job_id``); the new stamp. A
-    new group's row is made first by an upsert, as 0024's version made every one (an upsert
-    that finds the row costs more than the locking read: InnoDB inserts, meets the unique
-    key, undoes, updates). The waiting job is read by a statement of its own: inside an
-    upsert's update clause, MariaDB read every ready row of the level for it (0.6x a plain
-    enqueue)."""
+    For a group that has a stamp: a locking read of the stamp (the latest committed version,
+    waiting for an enqueue of the group that holds it; at READ COMMITTED the next reads then
+    see that enqueue's ready row); the turn of the group's last job's ready row (by the
+    stamp's ``last_job_id``); the new stamp. Where that job still waits at the stamp's turn
+    and level, the head is at or before it and the rule's ``max(head, last + step)`` is
+    ``last + step``: three statements, the head not read (since 0028: the head's read cost
+    as much as the stamp's write, 0.1 ms a call, bench/fair_floor.py). Otherwise the head is
+    read after the lock, and the rule applied whole. The last job's row is read by ``SELECT
+    ... INTO``, which locks nothing; the ``IF EXISTS`` before 0028 held a shared lock on it to
+    the enqueue's commit. A new group's row is made first by an
+    upsert, as 0024's version made every one (an upsert that finds the row costs more than
+    the locking read: InnoDB inserts, meets the unique key, undoes, updates). The waiting
+    job is read by a statement of its own: inside an upsert's update clause, MariaDB read
+    every ready row of the level for it (0.6x a plain enqueue)."""
     quote = schema_editor.quote_name
     job = quote(apps.get_model("django_jobs", "Job")._meta.db_table)
     ready = quote(apps.get_model("django_jobs", "ReadyExecution")._meta.db_table)
@@ -172,8 +177,19 @@ def fair_procedure_sql(
         # Since 0025: the group's last job, by primary key.
         read_job = ", last_job_id"
         into_job = ", prior_job_"
-        waits = f"EXISTS (SELECT 1 FROM {ready} WHERE job_id = prior_job_)"
         write_job = ", last_job_id = new_id"
+        # The last job's ready row, if it has one, by primary key, after the stamp's lock.
+        # SELECT ... INTO, a plain read: the same read as a subquery (SET x = (SELECT ...),
+        # IF EXISTS (SELECT ...)) took a shared lock on the row until the enqueue's commit
+        # (MariaDB 10.11 reads a row found by primary key so), which a claim's SKIP LOCKED
+        # then passed over. No row: NOT FOUND, whose handler sets missing_, read no more.
+        read_last = (
+            "SELECT turn, queue_name = p_queue_name AND priority = p_priority "
+            f"INTO last_at_, same_level_ FROM {ready} WHERE job_id = prior_job_;"
+        )
+        waits = "last_at_ IS NOT NULL"
+        # It still waits at the stamp's turn, at this level: at or after the head.
+        waits_at_turn = f"prior_ BETWEEN 0 AND {LARGEST_TURN} AND same_level_ AND last_at_ = prior_"
     else:
         # Migration 0024's table: a ready row of the level at the stamp's turn.
         read_job = into_job = write_job = ""
@@ -181,6 +197,8 @@ def fair_procedure_sql(
             f"prior_ IS NOT NULL AND EXISTS (SELECT 1 FROM {ready} WHERE queue_name = "
             "p_queue_name AND priority = p_priority AND turn = prior_)"
         )
+        read_last = ""
+        waits_at_turn = "FALSE"  # no job to read by: the head, always
     return f"""
 CREATE PROCEDURE {PROCEDURE}(
   IN own_transaction BOOLEAN,
@@ -195,6 +213,8 @@ BEGIN
   DECLARE turn_ BIGINT;
   DECLARE step_ BIGINT;
   DECLARE insane_ BOOLEAN DEFAULT FALSE;
+  DECLARE last_at_ BIGINT DEFAULT NULL;
+  DECLARE same_level_ BOOLEAN DEFAULT FALSE;
   DECLARE EXIT HANDLER FOR SQLEXCEPTION
   BEGIN
     IF own_transaction THEN ROLLBACK; ELSE ROLLBACK TO SAVEPOINT {SAVEPOINT}; END IF;
@@ -208,14 +228,6 @@ BEGIN
   IF p_fair_key IS NOT NULL THEN
     SET step_ = GREATEST(1, ROUND({TURN_SCALE} / LEAST(GREATEST(
       COALESCE(p_fair_weight, 1), {MIN_FAIR_WEIGHT}), {MAX_FAIR_WEIGHT})));
-    -- The head, one row of jobs_ready_poll. A subquery, not SELECT ... INTO: an empty
-    -- level is NULL, not a "no data" condition. The index named: left to choose, the
-    -- optimizer took jobs_ready_order, (priority, turn), which gives the order too, and
-    -- at times (by the statistics of the moment) walked every other queue's ready rows of
-    -- lower turn at that priority: 1,004 rows examined per call in the slow log, 3.3 ms a
-    -- call instead of 0.9.
-    SET head_ = (SELECT turn FROM {ready} FORCE INDEX (jobs_ready_poll)
-      WHERE queue_name = p_queue_name AND priority = p_priority ORDER BY turn LIMIT 1);
     -- A stamp set to NULL by hand reads as -2; a missing row sets missing_.
     SELECT COALESCE(last_turn, -2){read_job} INTO prior_{into_job} FROM {fair}
       WHERE {group} FOR UPDATE;
@@ -230,16 +242,32 @@ BEGIN
     -- set by hand: a broken stamp, as any other negative turn.
     IF missing_ AND prior_ = -1 THEN
       SET prior_ = NULL;
-    ELSEIF prior_ < 0 OR prior_ > {LARGEST_TURN}
-        OR prior_ - COALESCE(head_, turn_) > {MAX_TURN_LEAD} THEN
-      SET insane_ = TRUE;
     END IF;
-    IF head_ IS NOT NULL AND NOT insane_ THEN
-      -- A step after the group's last job while that one still waits, else the head.
-      IF {waits} THEN
-        SET turn_ = GREATEST(head_, prior_ + step_);
-      ELSE
-        SET turn_ = head_;
+    {read_last}
+    IF {waits_at_turn} THEN
+      -- Its last job waits at the stamp's turn: the head is at or before that turn, so the
+      -- next one comes a step after it, the head unread.
+      SET turn_ = prior_ + step_;
+    ELSE
+      -- The head, one row of jobs_ready_poll, read after the stamp's lock. A subquery, not
+      -- SELECT ... INTO: an empty level is NULL, not a "no data" condition. The index
+      -- named: left to choose, the optimizer took jobs_ready_order, (priority, turn), which
+      -- gives the order too, and at times (by the statistics of the moment) walked every
+      -- other queue's ready rows of lower turn at that priority: 1,004 rows examined per
+      -- call in the slow log, 3.3 ms a call instead of 0.9.
+      SET head_ = (SELECT turn FROM {ready} FORCE INDEX (jobs_ready_poll)
+        WHERE queue_name = p_queue_name AND priority = p_priority ORDER BY turn LIMIT 1);
+      IF prior_ < 0 OR prior_ > {LARGEST_TURN}
+          OR prior_ - COALESCE(head_, turn_) > {MAX_TURN_LEAD} THEN
+        SET insane_ = TRUE;
+      END IF;
+      IF head_ IS NOT NULL AND NOT insane_ THEN
+        -- A step after the group's last job while that one still waits, else the head.
+        IF {waits} THEN
+          SET turn_ = GREATEST(head_, prior_ + step_);
+        ELSE
+          SET turn_ = head_;
+        END IF;
       END IF;
     END IF;
     UPDATE {fair} SET last_turn = turn_{write_job}, updated_at = p_enqueued_at
