@@ -181,8 +181,10 @@ def fair_procedure_sql(
         # The last job's ready row, if it has one, by primary key, after the stamp's lock.
         # SELECT ... INTO, a plain read: the same read as a subquery (SET x = (SELECT ...),
         # IF EXISTS (SELECT ...)) took a shared lock on the row until the enqueue's commit
-        # (MariaDB 10.11 reads a row found by primary key so), which a claim's SKIP LOCKED
-        # then passed over. No row: NOT FOUND, whose handler sets missing_, read no more.
+        # (MariaDB 10.11 reads a row it finds by primary key in a procedure's subquery so;
+        # the head's subquery, a range of jobs_ready_poll, locks nothing), which a claim's
+        # SKIP LOCKED then passed over. No row: NOT FOUND, whose handler sets missing_,
+        # read no more.
         read_last = (
             "SELECT turn, queue_name = p_queue_name AND priority = p_priority "
             f"INTO last_at_, same_level_ FROM {ready} WHERE job_id = prior_job_;"
@@ -246,7 +248,9 @@ BEGIN
     {read_last}
     IF {waits_at_turn} THEN
       -- Its last job waits at the stamp's turn: the head is at or before that turn, so the
-      -- next one comes a step after it, the head unread.
+      -- next one comes a step after it, the head unread. A stamp edited by hand is not at
+      -- its job's turn and goes the other way, to the checks against the head; only a ready
+      -- row edited to match it would be trusted here.
       SET turn_ = prior_ + step_;
     ELSE
       -- The head, one row of jobs_ready_poll, read after the stamp's lock. A subquery, not
