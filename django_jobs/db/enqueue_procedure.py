@@ -162,11 +162,11 @@ def fair_procedure_sql(
     as much as the stamp's write, 0.1 ms a call, bench/fair_floor.py). Otherwise the head is
     read after the lock, and the rule applied whole. The last job's row is read by ``SELECT
     ... INTO``, which locks nothing; the ``IF EXISTS`` before 0028 held a shared lock on it to
-    the enqueue's commit. A new group's row is made first by an
-    upsert, as 0024's version made every one (an upsert that finds the row costs more than
-    the locking read: InnoDB inserts, meets the unique key, undoes, updates). The waiting
-    job is read by a statement of its own: inside an upsert's update clause, MariaDB read
-    every ready row of the level for it (0.6x a plain enqueue)."""
+    the enqueue's commit. A new group's row is made first by an upsert, as 0024's version
+    made every one (an upsert that finds the row costs more than the locking read: InnoDB
+    inserts, meets the unique key, undoes, updates). The waiting job is read by a statement
+    of its own: inside an upsert's update clause, MariaDB read every ready row of the level
+    for it (0.6x a plain enqueue)."""
     quote = schema_editor.quote_name
     job = quote(apps.get_model("django_jobs", "Job")._meta.db_table)
     ready = quote(apps.get_model("django_jobs", "ReadyExecution")._meta.db_table)
