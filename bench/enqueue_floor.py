@@ -43,7 +43,7 @@ import django  # noqa: E402
 django.setup()
 
 from django.core.management import call_command  # noqa: E402
-from django.db import connection, models  # noqa: E402
+from django.db import connection  # noqa: E402
 from django.tasks import task_backends  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
@@ -51,7 +51,7 @@ from bench.tables import empty, refuse_unless_named, tables_of  # noqa: E402
 from bench.tasks import noop  # noqa: E402
 from django_jobs.core.enqueue import prepare_job  # noqa: E402
 from django_jobs.db.postgresql.cursors import ServerBindingCursor  # noqa: E402
-from django_jobs.db.postgresql.insert import job_fields, json_text, single_statement  # noqa: E402
+from django_jobs.db.postgresql.insert import set_values, single_statement  # noqa: E402
 from django_jobs.tasks.results import build_result  # noqa: E402
 
 # The columns a plain no-op job sets, in the order the insert takes them.
@@ -92,19 +92,12 @@ def empty_tables() -> None:
 
 def every_check_nothing_else() -> Callable[[], Any]:
     backend = task_backends["default"]
-    fields = job_fields()
 
     def enqueue() -> Any:
         job, task = prepare_job(backend, noop, (), {})
-        names, params = [], []
-        for field in fields:
-            value = getattr(job, field.attname)
-            if value is not None:
-                names.append(field.attname)
-                is_json = isinstance(field, models.JSONField)
-                params.append(json_text(field, value) if is_json else value)
+        names, params = set_values(job)
         cursor = ServerBindingCursor(connection.connection)
-        cursor.execute(single_statement("default", tuple(names)), params)
+        cursor.execute(single_statement("default", names), params)
         job.pk = cursor.fetchone()[0]
         cursor.close()
         return build_result(job, task=task)

@@ -46,7 +46,7 @@ from django.db import connection, transaction  # noqa: E402
 from django.tasks import task_backends  # noqa: E402
 
 from bench.fair_tasks import fair_noop, tenant_noop  # noqa: E402
-from bench.tables import empty, tables_of  # noqa: E402
+from bench.tables import empty, refuse_unless_named, tables_of  # noqa: E402
 
 KINDS = {"plain": tenant_noop, "fair": fair_noop}
 EXPLAINS = 30
@@ -125,8 +125,9 @@ def prepared_plans() -> list[tuple[str, int, int]]:
 
 def main() -> int:
     options = parse_args()
-    if connection.vendor != "postgresql" or "bench" not in connection.settings_dict["NAME"]:
-        raise SystemExit("needs a PostgreSQL database whose name contains 'bench'")
+    if connection.vendor != "postgresql":
+        raise SystemExit(f"PostgreSQL only (its prepared statements), not {connection.vendor}")
+    refuse_unless_named()
     call_command("migrate", interactive=False, verbosity=0)
     empty(tables_of("django_jobs"))
     tenants = [f"tenant-{n}" for n in range(options.tenants)]

@@ -90,6 +90,17 @@ def floor_group(tenant: str) -> str:
     return f"floor-{tenant}"
 
 
+def keyed(params: list[Any], key_at: int) -> Callable[[str], list[Any]]:
+    """``params`` with the fair key (at ``key_at``) given per call."""
+
+    def params_of(tenant: str) -> list[Any]:
+        given = list(params)
+        given[key_at] = tenant
+        return given
+
+    return params_of
+
+
 def table(model: type[models.Model]) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
@@ -99,21 +110,15 @@ def table(model: type[models.Model]) -> str:
 
 def postgres_ways(tenants: list[str]) -> list[tuple[str, Call]]:
     from django_jobs.db.postgresql.cursors import bound_cursor
-    from django_jobs.db.postgresql.insert import job_fields, json_text, single_statement
+    from django_jobs.db.postgresql.insert import set_values, single_statement
 
     def statement_of(task: Any) -> tuple[str, list[Any], int | None]:
         """The single insert ``task``'s enqueue sends (no notification), its parameters
         and where among them the fair key is."""
         job, _ = prepare_job(task_backends["default"], task, (tenants[0],), {})
-        names, params = [], []
-        for field in job_fields():
-            value = getattr(job, field.attname)
-            if value is not None:
-                names.append(field.attname)
-                is_json = isinstance(field, models.JSONField)
-                params.append(json_text(field, value) if is_json else value)
+        names, params = set_values(job)
         key = names.index("fair_key") if "fair_key" in names else None
-        return single_statement("default", tuple(names)), params, key
+        return single_statement("default", names), params, key
 
     plain_sql, plain_params, _ = statement_of(tenant_noop)
     fair_sql, fair_params, key_at = statement_of(fair_noop)
@@ -163,13 +168,8 @@ def postgres_ways(tenants: list[str]) -> list[tuple[str, Call]]:
             )
         )
 
-    def fair_params_of(tenant: str) -> list[Any]:
-        params = list(fair_params)
-        assert key_at is not None
-        params[key_at] = tenant
-        return params
-
-    ways.append(("statement, fair (shipped)", run(fair_sql, fair_params_of)))
+    assert key_at is not None
+    ways.append(("statement, fair (shipped)", run(fair_sql, keyed(fair_params, key_at))))
     return ways
 
 
@@ -239,10 +239,7 @@ def mysql_ways(tenants: list[str]) -> Iterator[list[tuple[str, Call]]]:
 
         return call
 
-    def fair_params_of(tenant: str) -> list[Any]:
-        params = list(fair_params)
-        params[key_at] = tenant
-        return params
+    fair_params_of = keyed(fair_params, key_at)
 
     made: list[str] = []
     try:

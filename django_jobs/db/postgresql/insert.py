@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from functools import cache, lru_cache
+from typing import Any
 
 from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -367,19 +368,26 @@ def insert_chunk(db: str, jobs: Sequence[Job]) -> None:
         assign_ids(db, jobs, [row[0] for row in cursor.fetchall()])
 
 
-def insert_one(db: str, job: Job, notified: str | None = None) -> None:
-    """Insert one job and its ready row (:func:`single_statement`); sets its ``pk``.
-    ``notified``: the payload to notify the workers with, in the same statement."""
+def set_values(job: Job) -> tuple[tuple[str, ...], list[Any]]:
+    """The attributes ``job`` sets (not None), in column order, and their values as
+    :func:`single_statement` of those names takes them (JSON as text)."""
     names, params = [], []
     for field in job_fields():
         value = getattr(job, field.attname)
         if value is not None:
             names.append(field.attname)
             params.append(json_text(field, value) if isinstance(field, models.JSONField) else value)
+    return tuple(names), params
+
+
+def insert_one(db: str, job: Job, notified: str | None = None) -> None:
+    """Insert one job and its ready row (:func:`single_statement`); sets its ``pk``.
+    ``notified``: the payload to notify the workers with, in the same statement."""
+    names, params = set_values(job)
     if notified is not None:
         params += [CHANNEL, notified]
     with bound_cursor(connections[db]) as cursor:
-        cursor.execute(single_statement(db, tuple(names), notified is not None), params)
+        cursor.execute(single_statement(db, names, notified is not None), params)
         row = cursor.fetchone()
         assign_ids(db, [job], [row[0]])
     if job.fair_key is not None and row[1]:
