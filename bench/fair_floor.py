@@ -17,7 +17,9 @@ backlog, "+ the head" for one whose last job no longer waits.
 - PostgreSQL: the plain single statement (``db/postgresql/insert.py``) with one more CTE:
   "+ the stamp's write" updates the group's row by its key; "+ the last job's read" sets it
   a step after its last job's ready turn; "+ the head" sets it from the head
-  (``GREATEST(head, last + step)``). Then the shipped fair statement.
+  (``GREATEST(head, last + step)``). Then the shipped fair statement (since migration 0029
+  the job's and ready row's inserts around a call of the stamp function,
+  ``db/postgresql/fair_function.py``).
 - MariaDB/MySQL: the enqueue procedure (``db/enqueue_procedure.py``) copied under another
   name with its fair branch replaced, each by one UPDATE of the group's row: alone, from the
   last job's ready turn (a subquery), or after a read of the head. Then the shipped branch
@@ -32,7 +34,10 @@ phase ``fair`` measures the same calls); the floors write groups of their own, w
 they leave naming jobs at FIFO turns, which the shipped path would read as a last job let in
 at another turn. For each floor, the extra time of a call over the plain statement, and the
 ratio ``enqueue()`` of a fair task would reach were that its only cost over a plain one:
-``plain enqueue / (plain enqueue + extra)``. PostgreSQL's connection prepares statements as
+``plain enqueue / (plain enqueue + extra)``. Beside it, where the server runs on this
+machine, the server's CPU per call and its extra over the plain statement or CALL (the
+kernel's count for the connection's backend process or thread): far steadier than the wall
+times, run to run. PostgreSQL's connection prepares statements as
 bench/settings.py says (``prepare_threshold`` 5); ``--unprepared`` sets Django's default,
 None. The database's name must contain "bench": django_jobs' tables are emptied first.
 """
@@ -279,32 +284,79 @@ def mysql_ways(tenants: list[str]) -> Iterator[list[tuple[str, Call]]]:
 # --- the run ----------------------------------------------------------------------------
 
 
-def timed(ways: list[tuple[str, Call]], tenants: list[str], calls: int, rounds: int) -> dict:
-    """The median round's ms per call of each way, in turns (the first of each round the
-    next one along), each call the next tenant round robin."""
+def server_clock() -> Callable[[], float] | None:
+    """The CPU time, in microseconds, the server has spent on this connection so far, where
+    the server runs on this machine: its backend process (PostgreSQL) or thread
+    (MariaDB/MySQL), from the kernel's count (``/proc/<id>/schedstat``). None where it cannot
+    be read. Wall time over a round trip of half a millisecond moves by a few hundredths
+    from run to run on a shared machine; what the server works per call moves far less, and
+    tells where a statement's cost is."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_backend_pid()")
+        else:
+            cursor.execute(
+                "SELECT TID FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()"
+            )
+        row = cursor.fetchone()
+    path = Path(f"/proc/{row[0]}/schedstat") if row and row[0] else None
+    try:
+        if path is None:
+            return None
+        path.read_text()
+    except OSError:
+        return None
+    return lambda: int(path.read_text().split()[0]) / 1e3
+
+
+Timings = dict[str, tuple[float, float | None]]  # way: (ms per call, server us per call)
+
+
+def timed(ways: list[tuple[str, Call]], tenants: list[str], calls: int, rounds: int) -> Timings:
+    """The median round's ms per call of each way, and the server's CPU microseconds per
+    call (the median round's, None where :func:`server_clock` cannot read it), in turns
+    (the first of each round the next one along), each call the next tenant round robin."""
+    clock = server_clock()
     ms: dict[str, list[float]] = {name: [] for name, _ in ways}
+    server: dict[str, list[float]] = {name: [] for name, _ in ways}
     n = 0
     for round_ in range(rounds):
         for offset in range(len(ways)):
             name, way = ways[(round_ + offset) % len(ways)]
+            worked = clock() if clock else 0.0
             began = time.perf_counter()
             for _ in range(calls):
                 way(tenants[n % len(tenants)])
                 n += 1
             ms[name].append((time.perf_counter() - began) / calls * 1e3)
-    return {name: statistics.median(values) for name, values in ms.items()}
+            if clock:
+                server[name].append((clock() - worked) / calls)
+    return {
+        name: (statistics.median(ms[name]), statistics.median(server[name]) if clock else None)
+        for name in ms
+    }
 
 
-def report(medians: dict[str, float], base: str) -> None:
-    plain, fair = medians["enqueue(), plain"], medians["enqueue(), fair"]
-    print(f"{'':<40}{'calls/s':>9}{'ms/call':>9}{'extra ms':>10}{'enqueue()':>11}")
-    for name, value in medians.items():
+def report(timings: Timings, base: str) -> None:
+    plain, fair = timings["enqueue(), plain"][0], timings["enqueue(), fair"][0]
+    base_server = timings[base][1]
+    print(
+        f"{'':<40}{'calls/s':>9}{'ms/call':>9}{'extra ms':>10}{'enqueue()':>11}"
+        f"{'':<11}{'server us':>10}{'extra':>8}"
+    )
+    for name, (value, server) in timings.items():
         line = f"{name:<40}{1e3 / value:>9,.0f}{value:>9.3f}"
         if name == "enqueue(), fair":
             line += f"{value - plain:>+10.3f}{plain / value:>10.2f}x measured"
         elif name not in (base, "enqueue(), plain"):
-            extra = value - medians[base]
+            extra = value - timings[base][0]
             line += f"{extra:>+10.3f}{plain / (plain + extra):>10.2f}x at best"
+        else:
+            line += " " * 30
+        if server is not None and base_server is not None:
+            line += f"{server:>10.1f}"
+            if name.startswith(("statement", "CALL")) and name != base:
+                line += f"{server - base_server:>+8.1f}"
         print(line)
     print(f"fair / plain enqueue(): {plain / fair:.3f}")
 
@@ -337,7 +389,7 @@ def main() -> int:
         ways = enqueues + postgres_ways(tenants)
         for _, way in ways:
             way(tenants[0])  # a warm-up each
-        medians = timed(ways, tenants, options.calls, options.rounds)
+        timings = timed(ways, tenants, options.calls, options.rounds)
         setting = connection.settings_dict["OPTIONS"].get("prepare_threshold")
         title, base = f"PostgreSQL, prepare_threshold={setting}", "statement, plain"
     else:
@@ -345,13 +397,13 @@ def main() -> int:
             ways = enqueues + statements
             for _, way in ways:
                 way(tenants[0])
-            medians = timed(ways, tenants, options.calls, options.rounds)
+            timings = timed(ways, tenants, options.calls, options.rounds)
         title, base = connection.display_name, "CALL, plain"
     print(
         f"{title}: {options.rounds} rounds x {options.calls} calls of each way, in turns, "
         f"over {options.tenants:,} tenants; the median round"
     )
-    report(medians, base)
+    report(timings, base)
     empty(tables_of("django_jobs"))
     return 0
 

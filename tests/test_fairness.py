@@ -246,7 +246,8 @@ def test_a_last_job_waiting_at_another_turn_than_its_stamp_gives_no_turn_before_
 ):
     """T's last job still waits, so T's next one takes ``max(head, last + step)``: the head,
     not a step after the stamp's turn, which the head has passed. (MySQL/MariaDB's procedure
-    skips the head only where the last job waits at the stamp's very turn.)"""
+    and PostgreSQL's function skip the head only where the last job waits at the stamp's
+    very turn.)"""
     turn, head, _ = enqueue_behind_a_last_job_moved_to_the_head(worker)
     assert turn == head
 
@@ -279,16 +280,57 @@ def enqueue_procedure_edited(monkeypatch, old: str, new: str) -> Iterator[None]:
             enqueue_procedure.create_procedure(apps, editor)
 
 
-@pytest.mark.skipif("connection.vendor != 'mysql'", reason="MySQL/MariaDB's enqueue procedure")
+@contextmanager
+def fair_function_edited(monkeypatch, *edits: tuple[str, str]) -> Iterator[None]:
+    """PostgreSQL's stamp function created again with each ``(old, new)`` of ``edits``
+    (``old`` found once) made, an unprotected twin; the function as shipped created again
+    after."""
+    from django.apps import apps
+
+    from django_jobs.db.postgresql import fair_function
+
+    original = fair_function.function_sql
+
+    def edited(*args: Any) -> str:
+        sql = original(*args)
+        for old, new in edits:
+            assert sql.count(old) == 1, (old, sql)
+            sql = sql.replace(old, new)
+        return sql
+
+    monkeypatch.setattr(fair_function, "function_sql", edited)
+    try:
+        with connection.schema_editor() as editor:
+            fair_function.create_function(apps, editor)
+        yield
+    finally:
+        monkeypatch.setattr(fair_function, "function_sql", original)
+        with connection.schema_editor() as editor:
+            fair_function.create_function(apps, editor)
+
+
+@contextmanager
+def stamp_routine_edited(monkeypatch, old: str, new: str) -> Iterator[None]:
+    """The database's own stamp routine (MySQL/MariaDB's enqueue procedure, PostgreSQL's
+    function) with ``old`` made ``new``."""
+    if connection.vendor == "mysql":
+        with enqueue_procedure_edited(monkeypatch, old, new):
+            yield
+    else:
+        with fair_function_edited(monkeypatch, (old, new)):
+            yield
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="a stamp routine of the database")
 @pytest.mark.django_db(transaction=True)
-def test_unprotected_a_procedure_skipping_the_head_whenever_the_last_job_waits_goes_before_it(
+def test_unprotected_a_routine_skipping_the_head_whenever_the_last_job_waits_goes_before_it(
     fair, worker, monkeypatch
 ):
-    """The twin: the procedure takes ``last + step`` whenever the group's last job waits,
-    wherever it waits. The stamp's turn is four steps behind the head, so T's next job goes
-    ahead of every job ready."""
+    """The twin: MySQL/MariaDB's procedure or PostgreSQL's function takes ``last + step``
+    whenever the group's last job waits, wherever it waits. The stamp's turn is four steps
+    behind the head, so T's next job goes ahead of every job ready."""
     at_the_stamps_turn = "AND same_level_ AND last_at_ = prior_"
-    with enqueue_procedure_edited(monkeypatch, at_the_stamps_turn, "AND last_at_ IS NOT NULL"):
+    with stamp_routine_edited(monkeypatch, at_the_stamps_turn, "AND last_at_ IS NOT NULL"):
         turn, head, stamped = enqueue_behind_a_last_job_moved_to_the_head(worker)
     assert turn == stamped + TURN_SCALE < head
 
@@ -340,15 +382,19 @@ def lock_error_during_an_enqueue_of(tenant: str) -> OperationalError | None:
     finally:
         release.set()
         thread.join(10)
-    assert any(sql.startswith("CALL ") for sql in calls), calls
+    if connection.vendor == "mysql":
+        assert any(sql.startswith("CALL ") for sql in calls), calls
+    else:
+        assert any("django_jobs_fair_turn(" in sql for sql in calls), calls
     return error
 
 
-@pytest.mark.skipif("connection.vendor != 'mysql'", reason="MySQL/MariaDB's enqueue procedure")
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="a stamp routine of the database")
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("tenant", ["A", "C"])
-def test_the_procedures_reads_of_ready_rows_lock_none(fair, tenant):
-    """The procedure's reads of ready rows lock nothing: while a fair enqueue's transaction
+def test_the_routines_reads_of_ready_rows_lock_none(fair, tenant):
+    """The reads of ready rows of MySQL/MariaDB's procedure and of PostgreSQL's function
+    lock nothing: while a fair enqueue's transaction
     is open, every ready row committed before it can still be locked at once, as a claim
     locks it. A's enqueue reads its last job's row (it waits at the stamp's turn); C's, a
     new group's, reads the queue's head. Were either read a locking one, a claim's SKIP
@@ -510,41 +556,28 @@ def test_unprotected_a_head_read_before_the_stamps_locks_puts_a_new_group_behind
     assert y == head - 2 * TURN_SCALE
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's one statement")
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's stamp function")
 @pytest.mark.django_db(transaction=True)
-def test_unprotected_one_statement_comparing_only_the_turn_with_its_snapshot_shares_a_turn(
+def test_unprotected_a_function_reading_the_last_job_before_the_stamps_lock_shares_a_turn(
     fair, monkeypatch
 ):
-    """The twin: PostgreSQL's statement tells a stamp written after its snapshot by the
-    turn alone. The first enqueue wrote the same turn back (with its own job), so the
-    second takes the head too: two jobs of X, one turn."""
-    by_job = "OR level.seen_job IS DISTINCT FROM f.last_job_id "
-    first, second = race_with_statement_edited(
-        monkeypatch, by_job, "", race_two_enqueues_at_the_head
+    """The twin: PostgreSQL's function reads the group's last job's ready row before it
+    waits for the stamp's lock (in a snapshot older than the lock, as a statement's is).
+    The first enqueue wrote the same turn back (the head) with its own job, which the second
+    does not see waiting, so it takes the head too: two jobs of X, one turn."""
+    read = (
+        "SELECT w.turn, w.queue_name = p_queue_name AND w.priority = p_priority\n"
+        '    INTO last_at_, same_level_ FROM "django_jobs_readyexecution" AS w '
+        "WHERE w.job_id = prior_job_;\n"
     )
+    early = (
+        '  insane := false;\n  SELECT last_job_id INTO prior_job_ FROM "django_jobs_fairturn" '
+        "WHERE queue_name = p_queue_name AND priority = p_priority AND fair_key = p_fair_key;\n"
+        f"  {read}"
+    )
+    with fair_function_edited(monkeypatch, (f"  {read}", ""), ("  insane := false;\n", early)):
+        first, second = race_two_enqueues_at_the_head("alone")
     assert set(first) & set(second)
-
-
-def race_with_statement_edited(
-    monkeypatch, old: str, new: str, race: Any
-) -> tuple[list[int], list[int]]:
-    """``race("alone")`` with PostgreSQL's fair statement's ``old`` (found once) made
-    ``new``: an unprotected twin of the statement."""
-    from django_jobs.db.postgresql import insert
-
-    original = insert.with_fair_ready_row
-
-    def edited(*args: Any) -> str:
-        sql = original(*args)
-        assert sql.count(old) == 1
-        return sql.replace(old, new)
-
-    monkeypatch.setattr(insert, "with_fair_ready_row", edited)
-    insert.single_statement.cache_clear()
-    try:
-        return race("alone")
-    finally:
-        insert.single_statement.cache_clear()
 
 
 @needs_row_locks
@@ -561,94 +594,71 @@ def test_unprotected_two_enqueues_of_one_group_share_a_turn(fair, monkeypatch):
     assert set(first) & set(second)
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's one statement")
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's stamp function")
 @pytest.mark.django_db(transaction=True)
-def test_unprotected_one_statement_reading_the_stamp_in_its_snapshot_shares_a_turn(
-    fair, monkeypatch
-):
-    """The twin of PostgreSQL's one statement: the upsert still waits for the first
-    enqueue's lock, but takes the last turn from the statement's snapshot instead of the
-    row it locked, so both jobs get the same turn."""
-    locked = "GREATEST(level.head, f.last_turn + level.step)"
-    snapshot = "GREATEST(level.head, level.seen_turn + level.step)"
-    first, second = race_with_statement_edited(
-        monkeypatch, locked, snapshot, race_two_enqueues_of_one_group
-    )
+def test_unprotected_a_function_reading_the_stamp_without_its_lock_shares_a_turn(fair, monkeypatch):
+    """The twin of PostgreSQL's function: the stamp read without ``FOR UPDATE``. The
+    second enqueue reads the stamp the first has not committed yet, and its own write
+    waits for the first's only after it has taken the same turn."""
+    locking = "FOR UPDATE;\n  IF NOT FOUND THEN"
+    with fair_function_edited(monkeypatch, (locking, ";\n  IF NOT FOUND THEN")):
+        first, second = race_two_enqueues_of_one_group("alone")
     assert set(first) & set(second)
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's one statement")
+def index_reads(names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """Scans begun and entries returned so far in this transaction, per index of
+    ``names``."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT relname, pg_stat_get_xact_numscans(oid), "
+            "pg_stat_get_xact_tuples_returned(oid) FROM pg_class WHERE relname = ANY(%s)",
+            [list(names)],
+        )
+        return {name: (scans, entries) for name, scans, entries in cursor.fetchall()}
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's stamp function")
 @pytest.mark.django_db
 @pytest.mark.parametrize("statistics", ["truncated", "analyzed"])
-def test_the_one_statements_head_reads_a_few_index_pages_in_the_plan_a_prepared_statement_keeps(
-    fair, statistics
-):
-    """The generic plan (what a prepared single enqueue runs once psycopg has prepared it) of
-    a fair enqueue at priority 5, a level with nothing ready, beside 5,000 ready jobs of
-    another queue at priority 5 and 5,000 of the fair queue at priority 0: its head read
-    touches a few pages of ``jobs_ready_poll``, nothing else of the ready table. Two ways it
-    walked thousands of rows: with ``queue_name =``, a plan made while the table was empty
-    (a new install, or one emptied by TRUNCATE) and kept as it filled read
-    ``jobs_ready_order`` through the other queue's rows; with the name as a range of one,
-    the priority was a filter and the scan went on through the queue's priority 0."""
+def test_the_functions_head_reads_are_one_index_edge_each_in_the_plans_it_keeps(fair, statistics):
+    """The generic plans (what the function keeps once planned, here forced from the first
+    call) of its two reads of the head, beside 5,000 ready jobs of another queue at
+    priority 5 and 5,000 of the fair queue at priority 0: a new group's enqueue at priority
+    5 (C) and that of a group whose last job no longer waits (A) each start one scan of
+    ``jobs_ready_poll`` at the level's edge (C's job, or nothing, found there) and none of
+    ``jobs_ready_order``. Written ``queue_name =``, the head read's plan made while the
+    table was empty (a new install, or one emptied by TRUNCATE) and kept as it filled reads
+    ``jobs_ready_order`` through the other queue's rows: the truncated case fails so, two
+    scans returning 10,005 entries (seen with that edit of ``fair_function.head_sql``)."""
     with connection.cursor() as cursor:
-        # No row count, as a new table (TRUNCATE forgets it until the test's rollback).
+        # No row count, as a new table (TRUNCATE forgets it until the test's rollback); its
+        # invalidation makes the function plan its reads of the table anew.
         cursor.execute("TRUNCATE django_jobs_readyexecution")
-    statements: list[tuple[str, Any]] = []
-
-    def keep(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        statements.append((sql, params))
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(keep):
-        enqueue_one("A", priority=5)
-    ((sql, params),) = statements
-    numbered = sql.split("%s")
-    prepared = "".join(
-        part + (f"${n + 1}" if n < len(numbered) - 1 else "") for n, part in enumerate(numbered)
-    )
-    placeholders = ", ".join(["%s"] * len(params))
-    explain = f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE fair_enqueue({placeholders})"
-
-    def prepare() -> None:
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            cursor.execute(f"PREPARE fair_enqueue AS {prepared}")
-            # The generic plan, made now and kept (EXPLAIN alone: nothing is inserted).
-            cursor.execute(f"EXPLAIN EXECUTE fair_enqueue({placeholders})", params)
-
-    if statistics == "truncated":
-        prepare()  # on the table as an enqueue into a new install finds it
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    # A's stamp at priority 5, its job gone: each of the function's head reads runs once
+    # (a new group's, then the other branch's), planned on the empty table.
+    enqueue_one("A", priority=5)
+    ReadyExecution.objects.filter(queue_name="reports", priority=5).delete()
+    enqueue_one("A", priority=5)
     bulk_enqueue([(plain_default.using(priority=5), (n,), {}) for n in range(5000)])
     bulk_enqueue([(tenant_report, (f"t{n % 50}",), {}) for n in range(5000)])
     ReadyExecution.objects.filter(queue_name="reports", priority=5).delete()
     if statistics == "analyzed":
         with connection.cursor() as cursor:
-            cursor.execute("ANALYZE django_jobs_readyexecution")
-        prepare()
-    with connection.cursor() as cursor:
-        cursor.execute(explain, params)
-        (plan,) = cursor.fetchone()[0]
-        cursor.execute("DEALLOCATE fair_enqueue")
-    reads = [
-        node
-        for node in plan_nodes(plan["Plan"])
-        if node.get("Relation Name") == "django_jobs_readyexecution"
-        and node.get("Index Name") != "django_jobs_readyexecution_pkey"
-        and "Scan" in node["Node Type"]
-    ]
-    assert [node.get("Index Name") for node in reads] == ["jobs_ready_poll"], plan
-    (head,) = reads
-    pages = head["Shared Hit Blocks"] + head["Shared Read Blocks"]
-    assert head["Actual Rows"] == 0 and pages <= 5, head
-
-
-def plan_nodes(node: dict) -> list[dict]:
-    """A JSON plan node and every node under it."""
-    found = [node]
-    for child in node.get("Plans", []):
-        found += plan_nodes(child)
-    return found
+            cursor.execute("ANALYZE django_jobs_readyexecution")  # planned anew, with them
+    indexes = ("jobs_ready_poll", "jobs_ready_order")
+    before = index_reads(indexes)
+    c, a = enqueue_one("C", priority=5), enqueue_one("A", priority=5)
+    after = index_reads(indexes)
+    reads = {
+        name: tuple(x - y for x, y in zip(after[name], before[name], strict=True))
+        for name in indexes
+    }
+    # Entries: the level's two ready rows of A deleted above, whose index entries this
+    # transaction still finds (the heap tells them deleted), each read twice, and C's job.
+    assert reads == {"jobs_ready_poll": (2, 5), "jobs_ready_order": (0, 0)}, reads
+    assert turn_of(a) == turn_of(c)  # A starts at the head: C's job
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's plan")

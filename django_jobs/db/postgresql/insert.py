@@ -30,14 +30,9 @@ from django_jobs.core.fairness import warn_of_stamp
 from django_jobs.db.base import column
 from django_jobs.db.notify import CHANNEL, inline_payload, jobs_ready
 from django_jobs.db.postgresql.cursors import bound_cursor
-from django_jobs.limits import (
-    LARGEST_TURN,
-    MAX_FAIR_WEIGHT,
-    MAX_TURN_LEAD,
-    MIN_FAIR_WEIGHT,
-    TURN_SCALE,
-)
-from django_jobs.models import FairTurn, Job, ReadyExecution
+from django_jobs.db.postgresql.fair_function import FUNCTION
+from django_jobs.limits import TURN_SCALE
+from django_jobs.models import Job, ReadyExecution
 
 # Rows per statement: large enough to amortise the round trip, small enough that
 # one statement's arrays stay a few megabytes.
@@ -213,77 +208,30 @@ def with_ready_rows(db: str, fields: list[models.Field], rows: str) -> str:
 
 def with_fair_ready_row(db: str, fields: list[models.Field], row: str, notifies: bool) -> str:
     """The statement that inserts one job of a fair queue (``row``, a VALUES list giving
-    ``fields``) and its ready row, its turn stamped as ``core.fairness.ready_turns`` stamps
-    it: the group's ``FairTurn`` row upserted, which locks it to the commit (``ON CONFLICT
-    DO UPDATE`` reads the row's latest version, not the statement's snapshot, so two
-    enqueues of one group at once take two turns), and the queue's head read from the
-    ready rows. Returns the new id and whether the stamp as this statement's snapshot saw
-    it was one no enqueue writes (the caller logs it; the turn is then the job's FIFO one).
+    ``fields``) and its ready row, its turn from the stamp function (migration 0029,
+    ``fair_function.py``), which locks and writes the group's ``FairTurn`` row as
+    ``core.fairness.ready_turns`` does. Returns the new id and whether the stamp the
+    function found was one no enqueue writes (the caller logs it; the turn is then the
+    job's FIFO one).
 
     One statement where the ORM's path takes seven round trips: a fair queue's single
-    enqueue is what a web request does.
+    enqueue is what a web request does. The stamp's own statements are the function's,
+    planned once per connection: this one is planned on every call unless the connection
+    prepares statements, and costs little more to plan than a plain enqueue's.
     """
     quote = connections[db].ops.quote_name
-    ready, fair = (quote(model._meta.db_table) for model in (ReadyExecution, FairTurn))
-    scale = TURN_SCALE
-    weight = f"LEAST(GREATEST(COALESCE(n.fair_weight, 1), {MIN_FAIR_WEIGHT}), {MAX_FAIR_WEIGHT})"
-    # The stamp as the statement's snapshot saw it (level.seen_*; no row: seen_id NULL) is
-    # one no enqueue writes: the caller logs it.
-    insane = (
-        f"(level.seen_id IS NOT NULL AND (level.seen_turn IS NULL OR level.seen_turn < 0 "
-        f"OR level.seen_turn > {LARGEST_TURN} "
-        f"OR level.seen_turn - COALESCE(level.head, level.fifo) > {MAX_TURN_LEAD}))"
-    )
+    ready = quote(ReadyExecution._meta.db_table)
     notify = ", pg_notify(%s, %s)" if notifies else ""
     return (
         f"WITH new_jobs AS ({insert_into(db, Job, fields, row)} "
         f"RETURNING id, queue_name, priority, enqueued_at, is_async, fair_key, fair_weight), "
-        f"level AS (SELECT n.*, n.id * {scale} AS fifo, "
-        f"GREATEST(1, round({scale} / {weight}))::bigint AS step, "
-        # The head: the first row of jobs_ready_poll at (queue, priority), whatever the
-        # statistics say. Written "queue_name = n.queue_name", the planner folds the name
-        # into a constant, and then jobs_ready_order, (priority, turn), gives the order
-        # asked for too: a plan made while the ready table had no statistics (new, or
-        # emptied), which a prepared statement keeps, took it and walked every other
-        # queue's ready rows of that priority (0.73x a plain enqueue's rate with 3,000 of
-        # them). "= ANY(ARRAY[...])" is an equality the index searches as one but the planner
-        # does not fold, so only jobs_ready_poll, led by the name, gives "ORDER BY
-        # queue_name, turn". (A range of one name does that too, but leaves the priority as
-        # a filter: at a level with nothing ready it walked the queue's lower priorities.)
-        f"(SELECT r.turn FROM {ready} AS r WHERE r.queue_name = ANY(ARRAY[n.queue_name]) "
-        f"AND r.priority = n.priority ORDER BY r.queue_name, r.turn LIMIT 1) AS head, "
-        # The group's stamp in the statement's snapshot, read once for the two uses below
-        # (a join planned once: separate subqueries of the stamp were a third of the
-        # statement's planning, which runs on every enqueue, the statement not prepared).
-        f"p.id AS seen_id, p.last_turn AS seen_turn, p.last_job_id AS seen_job "
-        f"FROM new_jobs AS n LEFT JOIN {fair} AS p ON p.queue_name = n.queue_name "
-        f"AND p.priority = n.priority AND p.fair_key = n.fair_key), "
-        f"stamped AS (INSERT INTO {fair} AS f (queue_name, priority, fair_key, last_turn, "
-        f"last_job_id, updated_at) SELECT queue_name, priority, fair_key, "
-        f"COALESCE(head, fifo), id, enqueued_at FROM level "
-        f"ON CONFLICT (queue_name, priority, fair_key) DO UPDATE SET last_turn = "
-        f"(SELECT CASE WHEN level.head IS NULL THEN level.fifo "
-        f"WHEN f.last_turn IS NULL OR f.last_turn < 0 OR f.last_turn > {LARGEST_TURN} "
-        f"OR f.last_turn - level.head > {MAX_TURN_LEAD} THEN level.fifo "
-        # The group's last job (the stamp's, read by primary key) still waits
-        # (core.fairness.still_waiting), or the stamp was written after this statement's
-        # snapshot (the locked row is not the snapshot's, or differs from it in turn or
-        # job: an enqueue that gave the head again writes the same turn), whose ready rows
-        # cannot show that enqueue's job: a step after it. Else nothing of the group
-        # waits: the head.
-        f"WHEN EXISTS (SELECT 1 FROM {ready} AS w WHERE w.job_id = f.last_job_id) "
-        f"OR level.seen_id IS DISTINCT FROM f.id "
-        f"OR level.seen_turn IS DISTINCT FROM f.last_turn "
-        f"OR level.seen_job IS DISTINCT FROM f.last_job_id "
-        f"THEN GREATEST(level.head, f.last_turn + level.step) "
-        f"ELSE level.head END FROM level), "
-        f"last_job_id = EXCLUDED.last_job_id, updated_at = EXCLUDED.updated_at "
-        f"RETURNING f.last_turn), "
+        f"stamped AS (SELECT n.id, n.queue_name, n.priority, n.enqueued_at, n.is_async, "
+        f"t.turn, t.insane FROM new_jobs AS n, LATERAL {FUNCTION}(n.queue_name, n.priority, "
+        f"n.fair_key, n.fair_weight, n.id, n.enqueued_at) AS t), "
         f"new_ready AS (INSERT INTO {ready} (job_id, queue_name, priority, concurrency_key, "
-        f"created_at, is_async, turn) SELECT level.id, level.queue_name, level.priority, NULL, "
-        f"level.enqueued_at, level.is_async, stamped.last_turn FROM level, stamped "
-        f"RETURNING job_id) "
-        f"SELECT new_ready.job_id, (SELECT {insane} FROM level){notify} FROM new_ready"
+        f"created_at, is_async, turn) SELECT id, queue_name, priority, NULL, enqueued_at, "
+        f"is_async, turn FROM stamped RETURNING job_id) "
+        f"SELECT new_ready.job_id, (SELECT insane FROM stamped){notify} FROM new_ready"
     )
 
 
