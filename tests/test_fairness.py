@@ -571,11 +571,11 @@ def test_unprotected_a_function_reading_the_last_job_before_the_stamps_lock_shar
         "WHERE w.job_id = prior_job_;\n"
     )
     early = (
-        '  insane := false;\n  SELECT last_job_id INTO prior_job_ FROM "django_jobs_fairturn" '
+        'BEGIN\n  SELECT last_job_id INTO prior_job_ FROM "django_jobs_fairturn" '
         "WHERE queue_name = p_queue_name AND priority = p_priority AND fair_key = p_fair_key;\n"
         f"  {read}"
     )
-    with fair_function_edited(monkeypatch, (f"  {read}", ""), ("  insane := false;\n", early)):
+    with fair_function_edited(monkeypatch, (f"  {read}", ""), ("BEGIN\n", early)):
         first, second = race_two_enqueues_at_the_head("alone")
     assert set(first) & set(second)
 
@@ -597,11 +597,37 @@ def test_unprotected_two_enqueues_of_one_group_share_a_turn(fair, monkeypatch):
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's stamp function")
 @pytest.mark.django_db(transaction=True)
 def test_unprotected_a_function_reading_the_stamp_without_its_lock_shares_a_turn(fair, monkeypatch):
-    """The twin of PostgreSQL's function: the stamp read without ``FOR UPDATE``. The
-    second enqueue reads the stamp the first has not committed yet, and its own write
-    waits for the first's only after it has taken the same turn."""
+    """The twin of PostgreSQL's function where X's last job no longer waits: the stamp read
+    without ``FOR UPDATE``. The second enqueue reads the stamp the first has not committed
+    yet and takes the head as the first did; its write waits for the first's only after."""
     locking = "FOR UPDATE;\n  IF NOT FOUND THEN"
     with fair_function_edited(monkeypatch, (locking, ";\n  IF NOT FOUND THEN")):
+        first, second = race_two_enqueues_at_the_head("alone")
+    assert set(first) & set(second)
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's stamp function")
+@pytest.mark.django_db(transaction=True)
+def test_unprotected_a_function_stepping_from_a_stamp_read_before_its_update_shares_a_turn(
+    fair, monkeypatch
+):
+    """The twin of PostgreSQL's function where X's last job waits (its one statement): the
+    stamp and its job read first, without a lock, and the UPDATE then writes a step after
+    what was read. It waits for the first enqueue's lock as the shipped one does, but
+    checks nothing again on the version that enqueue wrote, so both take the same turn."""
+    group = "queue_name = p_queue_name AND priority = p_priority AND fair_key = p_fair_key"
+    update = '  UPDATE "django_jobs_fairturn" AS f SET last_turn = '
+    edits = (
+        (
+            f"{update}f.last_turn + step_,",
+            f'  SELECT last_turn, last_job_id INTO prior_, prior_job_ FROM "django_jobs_fairturn" '
+            f"WHERE {group};\n{update}prior_ + step_,",
+        ),
+        ("AND f.last_turn BETWEEN 0 AND", "AND prior_ BETWEEN 0 AND"),
+        ("(SELECT w.turn = f.last_turn AND", "(SELECT w.turn = prior_ AND"),
+        ("WHERE w.job_id = f.last_job_id)", "WHERE w.job_id = prior_job_)"),
+    )
+    with fair_function_edited(monkeypatch, *edits):
         first, second = race_two_enqueues_of_one_group("alone")
     assert set(first) & set(second)
 

@@ -39,6 +39,12 @@ from django_jobs.limits import (
 )
 
 FUNCTION = "django_jobs_fair_turn"
+# Where the function leaves the id of a job whose group's stamp was broken (one no enqueue
+# writes), for the statement that called it to return: a setting local to the transaction,
+# set only then. The function returns the turn alone, a scalar in the ready row's insert:
+# returning the flag beside it took a LATERAL call and a CTE, 12 microseconds of the
+# server's CPU a call more (bench/fair_floor.py's way of measuring).
+BROKEN = "django_jobs.broken_stamp_job"
 
 
 def head_sql(ready: str) -> str:
@@ -62,17 +68,18 @@ def head_sql(ready: str) -> str:
 def function_sql(fair: str, ready: str) -> str:
     """``CREATE OR REPLACE FUNCTION``: the turn of a job of a fair queue, its group's stamp
     (``fair``, the ``FairTurn`` table) locked and written, as ``core.fairness.ready_turns``
-    stamps one (docs/fairness.md), and whether the stamp it found was one no enqueue
-    writes (the caller logs it; the turn is then the job's FIFO one)."""
+    stamps one (docs/fairness.md). Where the stamp it found was one no enqueue writes, the
+    turn is the job's FIFO one and the setting :data:`BROKEN` names the job (the caller
+    logs it)."""
     group = "queue_name = p_queue_name AND priority = p_priority AND fair_key = p_fair_key"
     head = head_sql(ready)
     return f"""
 CREATE OR REPLACE FUNCTION {FUNCTION}(
   p_queue_name varchar, p_priority smallint, p_fair_key varchar,
-  p_fair_weight double precision, p_job_id bigint, p_enqueued_at timestamptz,
-  OUT turn bigint, OUT insane boolean
-) LANGUAGE plpgsql VOLATILE AS $function$
+  p_fair_weight double precision, p_job_id bigint, p_enqueued_at timestamptz
+) RETURNS bigint LANGUAGE plpgsql VOLATILE AS $function$
 DECLARE
+  turn bigint;
   step_ bigint := GREATEST(1, round({TURN_SCALE} / LEAST(GREATEST(
     COALESCE(p_fair_weight, 1), {MIN_FAIR_WEIGHT}), {MAX_FAIR_WEIGHT})))::bigint;
   stamp_ bigint;
@@ -82,8 +89,25 @@ DECLARE
   same_level_ boolean;
   head_ bigint;
 BEGIN
+  -- A group whose last job waits at its stamp's turn, at this level: the head is at or
+  -- before that turn, so the next comes a step after it, the head unread; one statement.
+  -- The UPDATE locks the stamp, waiting for an enqueue of the group that holds it, and
+  -- then checks its conditions again on the version that enqueue wrote, but reads ready
+  -- rows in its own snapshot, taken before the wait: that enqueue's job is not there, the
+  -- row is left alone, and the steps below, each in a snapshot of its own, decide. The
+  -- ready row is read by its primary key alone (with the other columns in the WHERE, a
+  -- plan made on an empty table read it through jobs_ready_order).
+  UPDATE {fair} AS f SET last_turn = f.last_turn + step_, last_job_id = p_job_id,
+      updated_at = p_enqueued_at
+    WHERE f.{group.replace(" AND ", " AND f.")}
+      AND f.last_turn BETWEEN 0 AND {LARGEST_TURN}
+      AND (SELECT w.turn = f.last_turn AND w.queue_name = p_queue_name
+        AND w.priority = p_priority FROM {ready} AS w WHERE w.job_id = f.last_job_id)
+    RETURNING f.last_turn INTO turn;
+  IF FOUND THEN
+    RETURN turn;
+  END IF;
   turn := p_job_id * {TURN_SCALE};
-  insane := false;
   -- The stamp's latest version, locked to the commit: an enqueue of the group that holds
   -- it is waited for. A stamp set to NULL by hand reads as -2, a broken one.
   SELECT id, COALESCE(last_turn, -2), last_job_id INTO stamp_, prior_, prior_job_
@@ -98,7 +122,7 @@ BEGIN
       VALUES (p_queue_name, p_priority, p_fair_key, turn, p_job_id, p_enqueued_at)
       ON CONFLICT (queue_name, priority, fair_key) DO NOTHING;
     IF FOUND THEN
-      RETURN;
+      RETURN turn;
     END IF;
     turn := p_job_id * {TURN_SCALE};
     SELECT id, COALESCE(last_turn, -2), last_job_id INTO stamp_, prior_, prior_job_
@@ -109,16 +133,17 @@ BEGIN
   SELECT w.turn, w.queue_name = p_queue_name AND w.priority = p_priority
     INTO last_at_, same_level_ FROM {ready} AS w WHERE w.job_id = prior_job_;
   IF prior_ BETWEEN 0 AND {LARGEST_TURN} AND same_level_ AND last_at_ = prior_ THEN
-    -- It still waits at the stamp's turn, at this level: the head is at or before that
-    -- turn, so the next comes a step after it, the head unread. A stamp edited by hand is
-    -- not at its job's turn and goes the other way, to the checks against the head; only
-    -- a ready row edited to match it would be trusted here.
+    -- It waits at the stamp's turn after all (the stamp was written after the UPDATE's
+    -- snapshot): a step after it. A stamp edited by hand is not at its job's turn and goes
+    -- the other way, to the checks against the head; only a ready row edited to match it
+    -- would be trusted, here and above.
     turn := prior_ + step_;
   ELSE
     head_ := ({head});
     IF prior_ < 0 OR prior_ > {LARGEST_TURN}
         OR prior_ - COALESCE(head_, turn) > {MAX_TURN_LEAD} THEN
-      insane := true;
+      -- A broken stamp: the job keeps its FIFO turn, and the caller is told (BROKEN).
+      PERFORM set_config('{BROKEN}', p_job_id::text, true);
     ELSIF head_ IS NOT NULL THEN
       -- A step after the group's last job while that one still waits, else the head.
       IF last_at_ IS NOT NULL THEN
@@ -130,6 +155,7 @@ BEGIN
   END IF;
   UPDATE {fair} SET last_turn = turn, last_job_id = p_job_id, updated_at = p_enqueued_at
     WHERE id = stamp_;
+  RETURN turn;
 END
 $function$
 """

@@ -30,7 +30,7 @@ from django_jobs.core.fairness import warn_of_stamp
 from django_jobs.db.base import column
 from django_jobs.db.notify import CHANNEL, inline_payload, jobs_ready
 from django_jobs.db.postgresql.cursors import bound_cursor
-from django_jobs.db.postgresql.fair_function import FUNCTION
+from django_jobs.db.postgresql.fair_function import BROKEN, FUNCTION
 from django_jobs.limits import TURN_SCALE
 from django_jobs.models import Job, ReadyExecution
 
@@ -221,17 +221,21 @@ def with_fair_ready_row(db: str, fields: list[models.Field], row: str, notifies:
     """
     quote = connections[db].ops.quote_name
     ready = quote(ReadyExecution._meta.db_table)
-    notify = ", pg_notify(%s, %s)" if notifies else ""
-    return (
+    broken = f"current_setting('{BROKEN}', true) = job_id::text"
+    insert = (
         f"WITH new_jobs AS ({insert_into(db, Job, fields, row)} "
-        f"RETURNING id, queue_name, priority, enqueued_at, is_async, fair_key, fair_weight), "
-        f"stamped AS (SELECT n.id, n.queue_name, n.priority, n.enqueued_at, n.is_async, "
-        f"t.turn, t.insane FROM new_jobs AS n, LATERAL {FUNCTION}(n.queue_name, n.priority, "
-        f"n.fair_key, n.fair_weight, n.id, n.enqueued_at) AS t), "
-        f"new_ready AS (INSERT INTO {ready} (job_id, queue_name, priority, concurrency_key, "
-        f"created_at, is_async, turn) SELECT id, queue_name, priority, NULL, enqueued_at, "
-        f"is_async, turn FROM stamped RETURNING job_id) "
-        f"SELECT new_ready.job_id, (SELECT insane FROM stamped){notify} FROM new_ready"
+        f"RETURNING id, queue_name, priority, enqueued_at, is_async, fair_key, fair_weight) "
+        f"INSERT INTO {ready} (job_id, queue_name, priority, concurrency_key, created_at, "
+        f"is_async, turn) SELECT id, queue_name, priority, NULL, enqueued_at, is_async, "
+        f"{FUNCTION}(queue_name, priority, fair_key, fair_weight, id, enqueued_at) "
+        f"FROM new_jobs RETURNING job_id, {broken}"
+    )
+    if not notifies:
+        return insert
+    head, returning = insert.rsplit(" INSERT INTO ", 1)
+    return (
+        f"{head}, new_ready AS (INSERT INTO {returning} AS broken) "
+        f"SELECT job_id, broken, pg_notify(%s, %s) FROM new_ready"
     )
 
 
