@@ -208,6 +208,9 @@ def call_of(task: Any, tenant: str) -> tuple[str, list[Any]]:
 def mysql_ways(tenants: list[str]) -> Iterator[list[tuple[str, Call]]]:
     body = procedure_body()
     start = body.index("IF p_fair_key IS NOT NULL THEN")
+    # The fair branch ends where the ready row's insert begins; that insert takes turn_,
+    # which a floor leaves at the job's FIFO turn (NULL only where the shipped branch's one
+    # UPDATE stepped the stamp: the insert reads the turn it wrote).
     end = body.index(f"INSERT INTO {table(ReadyExecution)}", start)
     ready, stamps = table(ReadyExecution), table(FairTurn)
     group = "queue_name = p_queue_name AND priority = p_priority AND fair_key = p_fair_key"

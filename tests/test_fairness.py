@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import OperationalError, connection, connections, transaction
+from django.db.models import F
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -323,14 +324,21 @@ def stamp_routine_edited(monkeypatch, old: str, new: str) -> Iterator[None]:
 
 @pytest.mark.skipif("connection.vendor == 'sqlite'", reason="a stamp routine of the database")
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("where", ["the stamp's UPDATE", "the locking path"])
 def test_unprotected_a_routine_skipping_the_head_whenever_the_last_job_waits_goes_before_it(
-    fair, worker, monkeypatch
+    fair, worker, monkeypatch, where
 ):
-    """The twin: MySQL/MariaDB's procedure or PostgreSQL's function takes ``last + step``
-    whenever the group's last job waits, wherever it waits. The stamp's turn is four steps
-    behind the head, so T's next job goes ahead of every job ready."""
-    at_the_stamps_turn = "AND same_level_ AND last_at_ = prior_"
-    with stamp_routine_edited(monkeypatch, at_the_stamps_turn, "AND last_at_ IS NOT NULL"):
+    """The twins: MySQL/MariaDB's procedure or PostgreSQL's function takes ``last + step``
+    whenever the group's last job waits, wherever it waits: in the one UPDATE that steps a
+    stamp whose job waits at its turn (the turn not compared), or in the path that locks
+    the stamp first. The stamp's turn is four steps behind the head, so T's next job goes
+    ahead of every job ready."""
+    if where == "the locking path":
+        edit = ("AND same_level_ AND last_at_ = prior_", "AND last_at_ IS NOT NULL")
+    else:
+        stamp = "`django_jobs_fairturn`" if connection.vendor == "mysql" else "f"
+        edit = (f"(SELECT w.turn = {stamp}.last_turn AND ", "(SELECT ")
+    with stamp_routine_edited(monkeypatch, *edit):
         turn, head, stamped = enqueue_behind_a_last_job_moved_to_the_head(worker)
     assert turn == stamped + TURN_SCALE < head
 
@@ -342,13 +350,19 @@ needs_row_locks = pytest.mark.skipif(
 )
 
 
-def lock_error_during_an_enqueue_of(tenant: str) -> OperationalError | None:
-    """A's and B's three jobs each ready; while an enqueue of ``tenant`` holds its
-    transaction open (on another connection), every one of those ready rows locked at once
-    (``FOR UPDATE NOWAIT``, as a claim locks them, but failing instead of passing over): the
-    error, or None if each was free."""
-    enqueue_many("A", 3)
+def lock_error_during_an_enqueue_of(
+    tenant: str, last_job_moved: bool = False
+) -> OperationalError | None:
+    """A's and B's three jobs each ready (with ``last_job_moved``, A's last one a turn
+    later than its stamp's, as a hand edit leaves it: it waits, but the routine's one-UPDATE
+    path is not taken, and its reads of the last job and the head are); while an enqueue of
+    ``tenant`` holds its transaction open (on another connection), every one of those ready
+    rows locked at once (``FOR UPDATE NOWAIT``, as a claim locks them, but failing instead
+    of passing over): the error, or None if each was free."""
+    a = enqueue_many("A", 3)
     enqueue_many("B", 3)
+    if last_job_moved:
+        ReadyExecution.objects.filter(job_id=a[-1]).update(turn=F("turn") + 1)
     ready = list(ReadyExecution.objects.order_by("job_id").values_list("job_id", flat=True))
     holding, release = threading.Event(), threading.Event()
     calls: list[str] = []
@@ -391,15 +405,19 @@ def lock_error_during_an_enqueue_of(tenant: str) -> OperationalError | None:
 
 @pytest.mark.skipif("connection.vendor == 'sqlite'", reason="a stamp routine of the database")
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("tenant", ["A", "C"])
-def test_the_routines_reads_of_ready_rows_lock_none(fair, tenant):
+@pytest.mark.parametrize(
+    ("tenant", "last_job_moved"),
+    [("A", False), ("A", True), ("C", False)],
+    ids=["A", "A-moved", "C"],
+)
+def test_the_routines_reads_of_ready_rows_lock_none(fair, tenant, last_job_moved):
     """The reads of ready rows of MySQL/MariaDB's procedure and of PostgreSQL's function
-    lock nothing: while a fair enqueue's transaction
-    is open, every ready row committed before it can still be locked at once, as a claim
-    locks it. A's enqueue reads its last job's row (it waits at the stamp's turn); C's, a
-    new group's, reads the queue's head. Were either read a locking one, a claim's SKIP
-    LOCKED would pass that job over until the enqueue commits."""
-    error = lock_error_during_an_enqueue_of(tenant)
+    lock nothing: while a fair enqueue's transaction is open, every ready row committed
+    before it can still be locked at once, as a claim locks it. A's enqueue reads its last
+    job's row in the stamp's UPDATE (it waits at the stamp's turn); moved a turn on, by
+    itself, and then the head; C's, a new group's, reads the head. Were any read a locking
+    one, a claim's SKIP LOCKED would pass that job over until the enqueue commits."""
+    error = lock_error_during_an_enqueue_of(tenant, last_job_moved)
     assert error is None, f"the open fair enqueue holds a lock on a ready row: {error}"
 
 
@@ -420,7 +438,7 @@ def test_unprotected_a_procedure_reading_the_last_job_by_a_subquery_locks_its_ro
         "prior_job_); SET same_level_ = TRUE;"
     )
     with enqueue_procedure_edited(monkeypatch, read_into, by_subquery):
-        error = lock_error_during_an_enqueue_of("A")
+        error = lock_error_during_an_enqueue_of("A", last_job_moved=True)
     # MariaDB's NOWAIT fails as a lock wait timeout (1205), MySQL 8's with 3572.
     assert error is not None and error.args[0] in (1205, 3572), error
 

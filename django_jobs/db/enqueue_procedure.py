@@ -153,20 +153,25 @@ def fair_procedure_sql(
     under its lock, was one no enqueue writes (the caller logs it; the turn is then the FIFO
     one).
 
-    For a group that has a stamp: a locking read of the stamp (the latest committed version,
-    waiting for an enqueue of the group that holds it; at READ COMMITTED the next reads then
-    see that enqueue's ready row); the turn of the group's last job's ready row (by the
-    stamp's ``last_job_id``); the new stamp. Where that job still waits at the stamp's turn
-    and level, the head is at or before it and the rule's ``max(head, last + step)`` is
-    ``last + step``: three statements, the head not read (since 0028: the head's read cost
-    as much as the stamp's write, 0.1 ms a call, bench/fair_floor.py). Otherwise the head is
-    read after the lock, and the rule applied whole. The last job's row is read by ``SELECT
+    Where the group's last job still waits at the stamp's turn and level, the head is at or
+    before it and the rule's ``max(head, last + step)`` is ``last + step``: since 0030 one
+    UPDATE of the stamp writes that, its WHERE reading the job's ready row (0028 did it in
+    three statements, a locking read of the stamp, the job's row and the write, the head not
+    read: its read cost as much as the stamp's write, 0.1 ms a call, bench/fair_floor.py),
+    and the ready row's insert reads the turn it wrote (``COALESCE(turn_, (SELECT ...))``,
+    ``turn_`` NULL where the UPDATE wrote). Otherwise, for a group that has a
+    stamp: a locking read of the stamp (the latest committed version, waiting for an enqueue
+    of the group that holds it; at READ COMMITTED the next reads then see that enqueue's
+    ready row); the turn of the group's last job's ready row (by the stamp's
+    ``last_job_id``); the head, read after the lock, unless that job waits at the stamp's
+    turn after all; the new stamp. The last job's row is read by ``SELECT
     ... INTO``, which locks nothing; the ``IF EXISTS`` before 0028 held a shared lock on it to
     the enqueue's commit. A new group's row is made first by an upsert, as 0024's version
     made every one (an upsert that finds the row costs more than the locking read: InnoDB
-    inserts, meets the unique key, undoes, updates). The waiting job is read by a statement
-    of its own: inside an upsert's update clause, MariaDB read every ready row of the level
-    for it (0.6x a plain enqueue)."""
+    inserts, meets the unique key, undoes, updates). Inside an upsert's update clause,
+    MariaDB read every ready row of the level for the waiting job (0.6x a plain enqueue);
+    in the UPDATE's WHERE it is one read by key (a fair enqueue of a group with a backlog:
+    three ``Handler_read_key``, none next, against a plain one's one)."""
     quote = schema_editor.quote_name
     job = quote(apps.get_model("django_jobs", "Job")._meta.db_table)
     ready = quote(apps.get_model("django_jobs", "ReadyExecution")._meta.db_table)
@@ -192,6 +197,24 @@ def fair_procedure_sql(
         waits = "last_at_ IS NOT NULL"
         # It still waits at the stamp's turn, at this level: at or after the head.
         waits_at_turn = f"prior_ BETWEEN 0 AND {LARGEST_TURN} AND same_level_ AND last_at_ = prior_"
+        # Since 0030: that case in one statement, the UPDATE of the stamp, whose WHERE reads
+        # the last job's ready row (by primary key: locking nothing, as the test of the
+        # procedure's reads shows) on the stamp's latest version, waiting for an enqueue of
+        # the group that holds it; where the row is not there (or not at the stamp's turn,
+        # or the stamp was written since the statement's read view), nothing is updated and
+        # the steps below decide. Where it updated, turn_ is NULL and the ready row's insert
+        # reads the turn it wrote. (The same with a flag and an insert of each kind under
+        # IF cost the CALL 10-15 us of the server's CPU more than 0028's three statements;
+        # this, 15-25 less: bench/fair_floor.py, alternated.)
+        step_in_one = (
+            f"UPDATE {fair} SET last_turn = last_turn + step_, last_job_id = new_id,\n"
+            "        updated_at = p_enqueued_at\n"
+            f"      WHERE {group} AND last_turn BETWEEN 0 AND {LARGEST_TURN}\n"
+            f"        AND (SELECT w.turn = {fair}.last_turn AND w.queue_name = p_queue_name\n"
+            f"          AND w.priority = p_priority FROM {ready} AS w\n"
+            f"          WHERE w.job_id = {fair}.last_job_id);\n"
+            "    IF ROW_COUNT() = 1 THEN SET turn_ = NULL; END IF;\n    "
+        )
     else:
         # Migration 0024's table: a ready row of the level at the stamp's turn.
         read_job = into_job = write_job = ""
@@ -201,6 +224,7 @@ def fair_procedure_sql(
         )
         read_last = ""
         waits_at_turn = "FALSE"  # no job to read by: the head, always
+        step_in_one = ""
     return f"""
 CREATE PROCEDURE {PROCEDURE}(
   IN own_transaction BOOLEAN,
@@ -230,55 +254,59 @@ BEGIN
   IF p_fair_key IS NOT NULL THEN
     SET step_ = GREATEST(1, ROUND({TURN_SCALE} / LEAST(GREATEST(
       COALESCE(p_fair_weight, 1), {MIN_FAIR_WEIGHT}), {MAX_FAIR_WEIGHT})));
-    -- A stamp set to NULL by hand reads as -2; a missing row sets missing_.
-    SELECT COALESCE(last_turn, -2){read_job} INTO prior_{into_job} FROM {fair}
-      WHERE {group} FOR UPDATE;
-    IF missing_ THEN
-      INSERT INTO {fair} (queue_name, priority, fair_key, last_turn, updated_at)
-        VALUES (p_queue_name, p_priority, p_fair_key, -1, p_enqueued_at)
-        ON DUPLICATE KEY UPDATE updated_at = VALUES(updated_at);
+    {step_in_one}IF turn_ IS NOT NULL THEN
+      -- A stamp set to NULL by hand reads as -2; a missing row sets missing_.
       SELECT COALESCE(last_turn, -2){read_job} INTO prior_{into_job} FROM {fair}
         WHERE {group} FOR UPDATE;
-    END IF;
-    -- -1 is the row made just above, a new group; read from a row that was there, it was
-    -- set by hand: a broken stamp, as any other negative turn.
-    IF missing_ AND prior_ = -1 THEN
-      SET prior_ = NULL;
-    END IF;
-    {read_last}
-    IF {waits_at_turn} THEN
-      -- Its last job waits at the stamp's turn: the head is at or before that turn, so the
-      -- next one comes a step after it, the head unread. A stamp edited by hand is not at
-      -- its job's turn and goes the other way, to the checks against the head; only a ready
-      -- row edited to match it would be trusted here.
-      SET turn_ = prior_ + step_;
-    ELSE
-      -- The head, one row of jobs_ready_poll, read after the stamp's lock. A subquery, not
-      -- SELECT ... INTO: an empty level is NULL, not a "no data" condition. The index
-      -- named: left to choose, the optimizer took jobs_ready_order, (priority, turn), which
-      -- gives the order too, and at times (by the statistics of the moment) walked every
-      -- other queue's ready rows of lower turn at that priority: 1,004 rows examined per
-      -- call in the slow log, 3.3 ms a call instead of 0.9.
-      SET head_ = (SELECT turn FROM {ready} FORCE INDEX (jobs_ready_poll)
-        WHERE queue_name = p_queue_name AND priority = p_priority ORDER BY turn LIMIT 1);
-      IF prior_ < 0 OR prior_ > {LARGEST_TURN}
-          OR prior_ - COALESCE(head_, turn_) > {MAX_TURN_LEAD} THEN
-        SET insane_ = TRUE;
+      IF missing_ THEN
+        INSERT INTO {fair} (queue_name, priority, fair_key, last_turn, updated_at)
+          VALUES (p_queue_name, p_priority, p_fair_key, -1, p_enqueued_at)
+          ON DUPLICATE KEY UPDATE updated_at = VALUES(updated_at);
+        SELECT COALESCE(last_turn, -2){read_job} INTO prior_{into_job} FROM {fair}
+          WHERE {group} FOR UPDATE;
       END IF;
-      IF head_ IS NOT NULL AND NOT insane_ THEN
-        -- A step after the group's last job while that one still waits, else the head.
-        IF {waits} THEN
-          SET turn_ = GREATEST(head_, prior_ + step_);
-        ELSE
-          SET turn_ = head_;
+      -- -1 is the row made just above, a new group; read from a row that was there, it was
+      -- set by hand: a broken stamp, as any other negative turn.
+      IF missing_ AND prior_ = -1 THEN
+        SET prior_ = NULL;
+      END IF;
+      {read_last}
+      IF {waits_at_turn} THEN
+        -- Its last job waits at the stamp's turn (since 0030 this is where the UPDATE above
+        -- did not see it: the stamp was written since): the head is at or before that turn,
+        -- so the next one comes a step after it, the head unread. A stamp edited by hand is
+        -- not at its job's turn and goes the other way, to the checks against the head; only
+        -- a ready row edited to match it would be trusted, here and above.
+        SET turn_ = prior_ + step_;
+      ELSE
+        -- The head, one row of jobs_ready_poll, read after the stamp's lock. A subquery, not
+        -- SELECT ... INTO: an empty level is NULL, not a "no data" condition. The index
+        -- named: left to choose, the optimizer took jobs_ready_order, (priority, turn), which
+        -- gives the order too, and at times (by the statistics of the moment) walked every
+        -- other queue's ready rows of lower turn at that priority: 1,004 rows examined per
+        -- call in the slow log, 3.3 ms a call instead of 0.9.
+        SET head_ = (SELECT turn FROM {ready} FORCE INDEX (jobs_ready_poll)
+          WHERE queue_name = p_queue_name AND priority = p_priority ORDER BY turn LIMIT 1);
+        IF prior_ < 0 OR prior_ > {LARGEST_TURN}
+            OR prior_ - COALESCE(head_, turn_) > {MAX_TURN_LEAD} THEN
+          SET insane_ = TRUE;
+        END IF;
+        IF head_ IS NOT NULL AND NOT insane_ THEN
+          -- A step after the group's last job while that one still waits, else the head.
+          IF {waits} THEN
+            SET turn_ = GREATEST(head_, prior_ + step_);
+          ELSE
+            SET turn_ = head_;
+          END IF;
         END IF;
       END IF;
+      UPDATE {fair} SET last_turn = turn_{write_job}, updated_at = p_enqueued_at
+        WHERE {group};
     END IF;
-    UPDATE {fair} SET last_turn = turn_{write_job}, updated_at = p_enqueued_at
-      WHERE {group};
   END IF;
   INSERT INTO {ready} ({ready_names})
-    VALUES (new_id, p_queue_name, p_priority, NULL, p_enqueued_at, p_is_async, turn_);
+    VALUES (new_id, p_queue_name, p_priority, NULL, p_enqueued_at, p_is_async,
+      COALESCE(turn_, (SELECT last_turn FROM {fair} WHERE {group})));
   IF own_transaction THEN COMMIT; ELSE RELEASE SAVEPOINT {SAVEPOINT}; END IF;
   SELECT new_id, insane_;
 END
