@@ -177,6 +177,12 @@ def fair_procedure_sql(
     ready = quote(apps.get_model("django_jobs", "ReadyExecution")._meta.db_table)
     fair = quote(apps.get_model("django_jobs", "FairTurn")._meta.db_table)
     group = "queue_name = p_queue_name AND priority = p_priority AND fair_key = p_fair_key"
+    # A step: TURN_SCALE / the job's weight (bounded), in the UPDATE's expression rather than
+    # a statement of its own (each costs the CALL).
+    step = (
+        f"GREATEST(1, ROUND({TURN_SCALE} / LEAST(GREATEST(COALESCE(p_fair_weight, 1), "
+        f"{MIN_FAIR_WEIGHT}), {MAX_FAIR_WEIGHT})))"
+    )
     fair_model = apps.get_model("django_jobs", "FairTurn")
     if any(field.name == "last_job_id" for field in fair_model._meta.concrete_fields):
         # Since 0025: the group's last job, by primary key.
@@ -207,13 +213,13 @@ def fair_procedure_sql(
         # IF cost the CALL 10-15 us of the server's CPU more than 0028's three statements;
         # this, 15-25 less: bench/fair_floor.py, alternated.)
         step_in_one = (
-            f"UPDATE {fair} SET last_turn = last_turn + step_, last_job_id = new_id,\n"
+            f"UPDATE {fair} SET last_turn = last_turn + {step}, last_job_id = new_id,\n"
             "        updated_at = p_enqueued_at\n"
             f"      WHERE {group} AND last_turn BETWEEN 0 AND {LARGEST_TURN}\n"
             f"        AND (SELECT w.turn = {fair}.last_turn AND w.queue_name = p_queue_name\n"
             f"          AND w.priority = p_priority FROM {ready} AS w\n"
             f"          WHERE w.job_id = {fair}.last_job_id);\n"
-            "    IF ROW_COUNT() = 1 THEN SET turn_ = NULL; END IF;\n    "
+            "    SET turn_ = IF(ROW_COUNT() = 1, NULL, turn_);\n    "
         )
     else:
         # Migration 0024's table: a ready row of the level at the stamp's turn.
@@ -252,9 +258,8 @@ BEGIN
   SET new_id = LAST_INSERT_ID();
   SET turn_ = new_id * {TURN_SCALE};
   IF p_fair_key IS NOT NULL THEN
-    SET step_ = GREATEST(1, ROUND({TURN_SCALE} / LEAST(GREATEST(
-      COALESCE(p_fair_weight, 1), {MIN_FAIR_WEIGHT}), {MAX_FAIR_WEIGHT})));
     {step_in_one}IF turn_ IS NOT NULL THEN
+      SET step_ = {step};
       -- A stamp set to NULL by hand reads as -2; a missing row sets missing_.
       SELECT COALESCE(last_turn, -2){read_job} INTO prior_{into_job} FROM {fair}
         WHERE {group} FOR UPDATE;
