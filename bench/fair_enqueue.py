@@ -6,9 +6,11 @@ preparing statements and without (issue 38, "enqueue one by one with a fair key 
 bench/throughput.py's phase ``fair`` measures the same calls with ``prepare_threshold=5``
 (bench/settings.py: docs/deployment.md's advice for a database reached directly). Django's
 default is None, which a transaction-mode pooler before PgBouncer 1.21 needs, and then every
-call is parsed and planned: the fair statement (the job, the stamp's upsert, the head, the
-ready row) costs far more to plan than the plain one. For each setting this prints, from one
-connection opened with it:
+call is parsed and planned. Until migration 0029 the fair statement carried the stamp's work
+(the stamp's upsert, the head, the last job) and cost far more to plan than the plain one;
+since, it calls the stamp function, whose own statements the server plans once per
+connection whatever the client prepares. For each setting this prints, from one connection
+opened with it:
 
 - the single enqueue's rate, ``fair_noop(tenant)`` against ``tenant_noop(tenant)`` (the same
   no-op in a queue that is not fair), in alternated rounds over ``--tenants`` tenants whose
