@@ -10,8 +10,8 @@ reads) made it about 0.4 ms of planning a call, and a fair single enqueue ran at
 plain one. A PL/pgSQL function's statements are planned once per connection and kept,
 whatever the client prepares, and the statement that calls it is as short to plan as a
 plain enqueue's: measured on the server's CPU (bench/fair_floor.py), a fair enqueue's extra
-over a plain one went from about 400 to 120 microseconds unprepared, and stayed where it was
-prepared.
+over a plain one went from about 400 microseconds to 48-68 unprepared, and from 64-75 to
+54-57 prepared (its one-UPDATE path, below, and the turn returned as a scalar).
 
 It also reads what it must after the stamp's lock, not in a snapshot taken before it: a
 VOLATILE function's every statement takes a snapshot of its own at READ COMMITTED, so once
