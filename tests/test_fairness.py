@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -254,43 +254,15 @@ def test_a_last_job_waiting_at_another_turn_than_its_stamp_gives_no_turn_before_
 
 
 @contextmanager
-def enqueue_procedure_edited(monkeypatch, old: str, new: str) -> Iterator[None]:
-    """MySQL/MariaDB's enqueue procedure created again with its fair branch's ``old`` (found
-    once) made ``new``, an unprotected twin; the procedure as shipped created again after."""
+def routine_edited(
+    monkeypatch, module: Any, builder: str, create: Any, edits: Iterable[tuple[str, str]]
+) -> Iterator[None]:
+    """A stamp routine created again (``module.create``) from ``module.builder``'s SQL with
+    each ``(old, new)`` of ``edits`` (``old`` found once) made, an unprotected twin; the
+    routine as shipped created again after."""
     from django.apps import apps
 
-    from django_jobs.db import enqueue_procedure
-
-    original = enqueue_procedure.fair_procedure_sql
-
-    def edited(*args: Any) -> str:
-        sql = original(*args)
-        assert sql.count(old) == 1, sql
-        return sql.replace(old, new)
-
-    monkeypatch.setattr(enqueue_procedure, "fair_procedure_sql", edited)
-    try:
-        # Inside the try: creating it drops the shipped one first, which must come back
-        # even where the edit or its CREATE fails.
-        with connection.schema_editor() as editor:
-            enqueue_procedure.create_procedure(apps, editor)
-        yield
-    finally:
-        monkeypatch.setattr(enqueue_procedure, "fair_procedure_sql", original)
-        with connection.schema_editor() as editor:
-            enqueue_procedure.create_procedure(apps, editor)
-
-
-@contextmanager
-def fair_function_edited(monkeypatch, *edits: tuple[str, str]) -> Iterator[None]:
-    """PostgreSQL's stamp function created again with each ``(old, new)`` of ``edits``
-    (``old`` found once) made, an unprotected twin; the function as shipped created again
-    after."""
-    from django.apps import apps
-
-    from django_jobs.db.postgresql import fair_function
-
-    original = fair_function.function_sql
+    original = getattr(module, builder)
 
     def edited(*args: Any) -> str:
         sql = original(*args)
@@ -299,15 +271,33 @@ def fair_function_edited(monkeypatch, *edits: tuple[str, str]) -> Iterator[None]
             sql = sql.replace(old, new)
         return sql
 
-    monkeypatch.setattr(fair_function, "function_sql", edited)
+    monkeypatch.setattr(module, builder, edited)
     try:
+        # Inside the try: creating it drops the shipped one first, which must come back
+        # even where the edit or its CREATE fails.
         with connection.schema_editor() as editor:
-            fair_function.create_function(apps, editor)
+            getattr(module, create)(apps, editor)
         yield
     finally:
-        monkeypatch.setattr(fair_function, "function_sql", original)
+        monkeypatch.setattr(module, builder, original)
         with connection.schema_editor() as editor:
-            fair_function.create_function(apps, editor)
+            getattr(module, create)(apps, editor)
+
+
+def enqueue_procedure_edited(monkeypatch, old: str, new: str) -> Any:
+    """MySQL/MariaDB's enqueue procedure with its fair branch's ``old`` made ``new``."""
+    from django_jobs.db import enqueue_procedure
+
+    return routine_edited(
+        monkeypatch, enqueue_procedure, "fair_procedure_sql", "create_procedure", [(old, new)]
+    )
+
+
+def fair_function_edited(monkeypatch, *edits: tuple[str, str]) -> Any:
+    """PostgreSQL's stamp function with each ``(old, new)`` of ``edits`` made."""
+    from django_jobs.db.postgresql import fair_function
+
+    return routine_edited(monkeypatch, fair_function, "function_sql", "create_function", edits)
 
 
 @contextmanager
