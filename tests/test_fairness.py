@@ -640,6 +640,30 @@ def test_unprotected_a_function_stepping_from_a_stamp_read_before_its_update_sha
     assert set(first) & set(second)
 
 
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's stamp function")
+@pytest.mark.django_db
+def test_a_fair_enqueue_notifying_in_its_own_statement_is_stamped_and_tells_a_broken_stamp(
+    fair, caplog, monkeypatch
+):
+    """A quiet process notifies in the enqueue's own statement (``notify.INLINE_AFTER`` 0):
+    the fair statement in that shape still takes the stamp's turn, and still returns the
+    broken-stamp flag beside the notification."""
+    from django_jobs.db import notify
+
+    monkeypatch.setattr(notify, "INLINE_AFTER", 0.0)
+    (last,) = enqueue_many("A", 1)
+    with CaptureQueriesContext(connection) as queries:
+        stamped = enqueue_one("A")
+    assert any("pg_notify" in q["sql"] and "django_jobs_fair_turn(" in q["sql"] for q in queries)
+    assert turn_of(stamped) == turn_of(last) + TURN_SCALE
+    FairTurn.objects.filter(fair_key="A").update(last_turn=-5)
+    with caplog.at_level(logging.WARNING, logger="django_jobs.fairness"):
+        broken = enqueue_one("A")
+    assert turn_of(broken) == fifo_turn(broken)
+    (record,) = caplog.records
+    assert "'A'" in record.getMessage()
+
+
 def index_reads(names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
     """Scans begun and entries returned so far in this transaction, per index of
     ``names``."""

@@ -141,15 +141,16 @@ def single_statement(db: str, names: tuple[str, ...], notifies: bool = False) ->
         "%s::jsonb" if isinstance(field, models.JSONField) else "%s" for field in fields
     )
     if "fair_key" in names:
-        return with_fair_ready_row(db, fields, f"VALUES ({values})", notifies)
-    sql = with_ready_rows(db, fields, f"VALUES ({values})")
+        sql, returned = with_fair_ready_row(db, fields, f"VALUES ({values})"), "job_id, broken"
+    else:
+        sql, returned = with_ready_rows(db, fields, f"VALUES ({values})"), "job_id"
     if notifies:
-        # The ready rows' insert becomes a CTE of its own, its ids selected beside the
-        # notification (pg_notify returns void: psycopg reads it as an empty string).
+        # The ready rows' insert becomes a CTE of its own, what it returns selected beside
+        # the notification (pg_notify returns void: psycopg reads it as an empty string).
         insert, returning = sql.rsplit(" INSERT INTO ", 1)
         sql = (
             f"{insert}, new_ready AS (INSERT INTO {returning}) "
-            f"SELECT job_id, pg_notify(%s, %s) FROM new_ready"
+            f"SELECT {returned}, pg_notify(%s, %s) FROM new_ready"
         )
     return sql
 
@@ -206,7 +207,7 @@ def with_ready_rows(db: str, fields: list[models.Field], rows: str) -> str:
     )
 
 
-def with_fair_ready_row(db: str, fields: list[models.Field], row: str, notifies: bool) -> str:
+def with_fair_ready_row(db: str, fields: list[models.Field], row: str) -> str:
     """The statement that inserts one job of a fair queue (``row``, a VALUES list giving
     ``fields``) and its ready row, its turn from the stamp function (migration 0029,
     ``fair_function.py``), which locks and writes the group's ``FairTurn`` row as
@@ -222,20 +223,13 @@ def with_fair_ready_row(db: str, fields: list[models.Field], row: str, notifies:
     quote = connections[db].ops.quote_name
     ready = quote(ReadyExecution._meta.db_table)
     broken = f"current_setting('{BROKEN}', true) = job_id::text"
-    insert = (
+    return (
         f"WITH new_jobs AS ({insert_into(db, Job, fields, row)} "
         f"RETURNING id, queue_name, priority, enqueued_at, is_async, fair_key, fair_weight) "
         f"INSERT INTO {ready} (job_id, queue_name, priority, concurrency_key, created_at, "
         f"is_async, turn) SELECT id, queue_name, priority, NULL, enqueued_at, is_async, "
         f"{FUNCTION}(queue_name, priority, fair_key, fair_weight, id, enqueued_at) "
-        f"FROM new_jobs RETURNING job_id, {broken}"
-    )
-    if not notifies:
-        return insert
-    head, returning = insert.rsplit(" INSERT INTO ", 1)
-    return (
-        f"{head}, new_ready AS (INSERT INTO {returning} AS broken) "
-        f"SELECT job_id, broken, pg_notify(%s, %s) FROM new_ready"
+        f"FROM new_jobs RETURNING job_id, {broken} AS broken"
     )
 
 
