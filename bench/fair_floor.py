@@ -302,12 +302,12 @@ def server_clock() -> Callable[[], float] | None:
                 "SELECT TID FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()"
             )
         row = cursor.fetchone()
-    path = Path(f"/proc/{row[0]}/schedstat") if row and row[0] else None
+    if not row or not row[0]:
+        return None
+    path = Path(f"/proc/{row[0]}/schedstat")
     try:
-        if path is None:
-            return None
         path.read_text()
-    except OSError:
+    except OSError:  # the server on another machine, or in a container of its own
         return None
     return lambda: int(path.read_text().split()[0]) / 1e3
 
